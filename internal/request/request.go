@@ -1,0 +1,146 @@
+// Package request holds the types that cross the boundary between the
+// gateway, the scheduler and the engine: who a request belongs to, what it
+// asks for, and what comes back. Every value that carries output also
+// carries the owner it was produced for, so that each layer can check it
+// against the owner it expects (invariant I10).
+package request
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+)
+
+// ID is a request id: 128 random bits, unguessable, scoped to a tenant.
+type ID [16]byte
+
+// NewID returns a fresh random id.
+func NewID() ID {
+	var id ID
+	if _, err := rand.Read(id[:]); err != nil {
+		// crypto/rand never fails on supported platforms; an id we cannot
+		// make unguessable must not be made at all.
+		panic(fmt.Sprintf("request: crypto/rand failed: %v", err))
+	}
+	return id
+}
+
+// String is the id in lowercase hex.
+func (id ID) String() string { return hex.EncodeToString(id[:]) }
+
+// IsZero reports whether id was never set.
+func (id ID) IsZero() bool { return id == ID{} }
+
+// ParseID parses the 32-hex-digit form written by String.
+func ParseID(s string) (ID, error) {
+	var id ID
+	if len(s) != 2*len(id) {
+		return id, fmt.Errorf("request: id %q is not %d hex digits", s, 2*len(id))
+	}
+	if _, err := hex.Decode(id[:], []byte(s)); err != nil {
+		return id, fmt.Errorf("request: id %q: %w", s, err)
+	}
+	return id, nil
+}
+
+// Tenant identifies a customer. It comes only from authentication.
+type Tenant string
+
+// Owner is the pair every piece of per-request state and output is tagged with.
+type Owner struct {
+	Tenant Tenant
+	ID     ID
+}
+
+func (o Owner) String() string { return string(o.Tenant) + "/" + o.ID.String() }
+
+// Sampling holds the sampler settings of one request. The zero value is
+// greedy decoding.
+type Sampling struct {
+	Temperature       float32 // 0 means greedy
+	TopK              int     // 0 means off
+	TopP              float32 // 0 or 1 means off
+	MinP              float32 // 0 means off
+	RepetitionPenalty float32 // 0 or 1 means off
+	Seed              uint64
+}
+
+// Params is a tokenized generation request, as admitted by the gateway.
+type Params struct {
+	Owner     Owner
+	Prompt    []int // token ids, BOS included where the model wants it
+	MaxTokens int   // new tokens to generate at most
+	Sampling  Sampling
+	// StopTokens end generation (finish reason "stop") when sampled; the
+	// model's end-of-generation tokens are always included by the engine.
+	StopTokens []int
+	// CacheSalt is mixed into prefix-cache keys under the tenant, never
+	// instead of it.
+	CacheSalt string
+	Priority  int // higher runs first when pages are short
+}
+
+// FinishReason says why a request ended.
+type FinishReason uint8
+
+const (
+	FinishNone   FinishReason = iota // not finished
+	FinishStop                       // an end-of-generation or stop token
+	FinishLength                     // MaxTokens reached
+	FinishAbort                      // aborted (client, operator, shutdown)
+	FinishError                      // rejected or failed; Result.Err says why
+)
+
+func (r FinishReason) String() string {
+	switch r {
+	case FinishNone:
+		return "none"
+	case FinishStop:
+		return "stop"
+	case FinishLength:
+		return "length"
+	case FinishAbort:
+		return "abort"
+	case FinishError:
+		return "error"
+	}
+	return fmt.Sprintf("FinishReason(%d)", uint8(r))
+}
+
+// Success reports whether the request finished normally (stop or length):
+// only then may a gateway answer 200 / end a stream with [DONE].
+func (r FinishReason) Success() bool { return r == FinishStop || r == FinishLength }
+
+// Token is one generated token, tagged with the owner it was produced for.
+type Token struct {
+	Owner Owner
+	Index int // 0 for the first generated token
+	ID    int
+}
+
+// Usage counts tokens exactly.
+type Usage struct {
+	PromptTokens     int
+	CompletionTokens int
+	CachedTokens     int // prompt tokens served from the prefix cache
+}
+
+// Result is the single terminal outcome of a request.
+type Result struct {
+	Owner  Owner
+	Reason FinishReason
+	Err    error // set when Reason is FinishError or FinishAbort
+	Usage  Usage
+}
+
+// Errors a Result may carry. Gateways map them to HTTP statuses.
+var (
+	ErrContextLength = errors.New("request: prompt plus max_tokens exceeds the context window")
+	ErrOverloaded    = errors.New("request: server overloaded")
+	ErrAborted       = errors.New("request: aborted")
+	ErrShuttingDown  = errors.New("request: server shutting down")
+	ErrInternal      = errors.New("request: internal error")
+	ErrNotFound      = errors.New("request: no such request for this tenant")
+	ErrQuota         = errors.New("request: tenant quota exceeded")
+)
