@@ -1,0 +1,93 @@
+package kernels
+
+// Exported vector kernels. Each checks lengths (a mismatch is a bug in the
+// caller, never outside input) and calls the implementation chosen for this
+// CPU in init (simd_amd64.go) or the reference.
+
+// Implementations, replaced at start-up by faster ones where the CPU allows.
+// Tests call both these and the *Ref functions directly.
+var (
+	dotImpl       = dotRef
+	dotF16Impl    = dotF16Ref
+	dotBF16Impl   = dotBF16Ref
+	axpyImpl      = axpyRef
+	axpyF16Impl   = axpyF16Ref
+	f16ToF32sImpl = f16ToF32sRef
+	dotQ8x4Impl   = dotQ8x4Ref
+	dotQ4_0Impl   = dotQ4_0Ref
+	dotQ4KImpl    = dotQ4KRef
+	dotQ6KImpl    = dotQ6KRef
+	simdName      = "purego"
+)
+
+// Implementation names the fast path chosen for this CPU ("avx512vnni",
+// "avx2", "purego"), for logs and benchmark labels.
+func Implementation() string { return simdName }
+
+func mustLen(op string, got, want int) {
+	if got != want {
+		panic("kernels: " + op + ": length mismatch")
+	}
+}
+
+// Dot returns the dot product of a and b, which must have equal lengths.
+func Dot(a, b []float32) float32 {
+	mustLen("Dot", len(b), len(a))
+	return dotImpl(a, b)
+}
+
+// DotF16 returns the dot product of a with the half-precision vector b.
+func DotF16(a []float32, b []uint16) float32 {
+	mustLen("DotF16", len(b), len(a))
+	return dotF16Impl(a, b)
+}
+
+// Axpy adds a*x to dst.
+func Axpy(dst []float32, a float32, x []float32) {
+	mustLen("Axpy", len(x), len(dst))
+	axpyImpl(dst, a, x)
+}
+
+// AxpyF16 adds a*x to dst, x in half precision.
+func AxpyF16(dst []float32, a float32, x []uint16) {
+	mustLen("AxpyF16", len(x), len(dst))
+	axpyF16Impl(dst, a, x)
+}
+
+// F16ToF32s converts src to float32 into dst (equal lengths).
+func F16ToF32s(dst []float32, src []uint16) {
+	mustLen("F16ToF32s", len(src), len(dst))
+	f16ToF32sImpl(dst, src)
+}
+
+// F32ToF16s rounds src to half precision (nearest even) into dst.
+func F32ToF16s(dst []uint16, src []float32) {
+	mustLen("F32ToF16s", len(src), len(dst))
+	for i, v := range src {
+		dst[i] = f32ToF16(v)
+	}
+}
+
+// RMSNorm sets dst = x / sqrt(mean(x²) + eps) * w, as llama.cpp's rms_norm
+// followed by the norm-weight multiply. dst may alias x.
+func RMSNorm(dst, x, w []float32, eps float32) {
+	mustLen("RMSNorm", len(x), len(dst))
+	mustLen("RMSNorm", len(w), len(dst))
+	rmsNormRef(dst, x, w, eps)
+}
+
+// Softmax replaces x by softmax(x) in place.
+func Softmax(x []float32) { softmaxRef(x) }
+
+// SiLUMul sets dst = silu(gate) * up elementwise; dst may alias either.
+func SiLUMul(dst, gate, up []float32) {
+	mustLen("SiLUMul", len(gate), len(dst))
+	mustLen("SiLUMul", len(up), len(dst))
+	siluMulRef(dst, gate, up)
+}
+
+// Add sets dst += x elementwise.
+func Add(dst, x []float32) {
+	mustLen("Add", len(x), len(dst))
+	addRef(dst, x)
+}
