@@ -1,0 +1,54 @@
+// Package cli implements the pagewarden command line. Main is the whole
+// program minus process wiring, so tests drive it with arguments and
+// buffers.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/spf13/cobra"
+)
+
+// usageError marks errors caused by the command line itself (exit code 2).
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+// Main runs the command line args and returns the exit code: 0 on success,
+// 1 on failure, 2 on a usage error.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	root := &cobra.Command{
+		Use:           "pagewarden",
+		Short:         "Multi-tenant LLM serving where tenants can never see each other's data",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetContext(ctx)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.AddCommand(runCmd(), convertCmd(), benchCmd())
+	for _, add := range extraCommands {
+		root.AddCommand(add())
+	}
+	err := root.Execute()
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintf(stderr, "pagewarden: %v\n", err)
+	var ue usageError
+	if errors.As(err, &ue) {
+		return 2
+	}
+	return 1
+}
+
+// extraCommands lets other files of this package register subcommands.
+var extraCommands []func() *cobra.Command

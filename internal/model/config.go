@@ -1,0 +1,85 @@
+package model
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Errors returned by loaders; each is wrapped with the detail.
+var (
+	ErrUnsupportedArch = errors.New("model: unsupported architecture")
+	ErrBadShape        = errors.New("model: tensor shape does not match the model's metadata")
+	ErrMissingTensor   = errors.New("model: required tensor missing")
+	ErrBadConfig       = errors.New("model: invalid hyper-parameters")
+)
+
+// RopeStyle says which pairs of a head's dimensions RoPE rotates together.
+type RopeStyle uint8
+
+const (
+	// RopeNormal rotates adjacent pairs (2i, 2i+1): GGUF "llama" (whose Q/K
+	// rows the converter permuted for it) and llama2.c.
+	RopeNormal RopeStyle = iota
+	// RopeNeox rotates (i, i+d/2): qwen2 and other NeoX-style models.
+	RopeNeox
+)
+
+// Config is the shape and the hyper-parameters of a model.
+type Config struct {
+	Arch          string // "llama", "qwen2"
+	Dim           int    // embedding width
+	Layers        int
+	Heads         int
+	KVHeads       int
+	HeadDim       int
+	FFN           int // feed-forward hidden width
+	Vocab         int
+	ContextLength int // trained context window
+	NormEps       float32
+
+	RopeStyle RopeStyle
+	RopeBase  float32 // theta base, 10000 unless the file says otherwise
+	RopeDims  int     // rotated dimensions per head (usually HeadDim)
+	// RopeFreqScale multiplies positions (linear rope scaling: 1/factor).
+	RopeFreqScale float32
+	// RopeFreqFactors divides each pair's frequency (Llama 3.1's
+	// rope_freqs.weight); nil when absent.
+	RopeFreqFactors []float32
+	// RopeRunC computes angles the way llama2.c's run.c does (one powf per
+	// pair) instead of ggml's running product; both are RoPE, but the last
+	// bits differ and the reference outputs we match were made by each.
+	RopeRunC bool
+
+	TiedOutput bool // the output matrix is the token embedding
+}
+
+// QDim is the width of the query projection.
+func (c *Config) QDim() int { return c.Heads * c.HeadDim }
+
+// KVDim is the width of the key and value projections.
+func (c *Config) KVDim() int { return c.KVHeads * c.HeadDim }
+
+// Validate checks the hyper-parameters are usable together.
+func (c *Config) Validate() error {
+	switch {
+	case c.Dim <= 0 || c.Layers <= 0 || c.Heads <= 0 || c.KVHeads <= 0 || c.HeadDim <= 0 || c.FFN <= 0 || c.Vocab <= 0:
+		return fmt.Errorf("%w: every size must be positive (dim %d, layers %d, heads %d, kv heads %d, head dim %d, ffn %d, vocab %d)",
+			ErrBadConfig, c.Dim, c.Layers, c.Heads, c.KVHeads, c.HeadDim, c.FFN, c.Vocab)
+	case c.Heads%c.KVHeads != 0:
+		return fmt.Errorf("%w: %d heads is not a multiple of %d kv heads", ErrBadConfig, c.Heads, c.KVHeads)
+	case c.HeadDim%2 != 0 || c.RopeDims%2 != 0 || c.RopeDims > c.HeadDim || c.RopeDims <= 0:
+		return fmt.Errorf("%w: head dim %d / rope dims %d must be even and rope dims ≤ head dim", ErrBadConfig, c.HeadDim, c.RopeDims)
+	case c.ContextLength <= 0:
+		return fmt.Errorf("%w: context length %d", ErrBadConfig, c.ContextLength)
+	case !(c.NormEps > 0):
+		return fmt.Errorf("%w: rms norm epsilon %g", ErrBadConfig, c.NormEps)
+	case !(c.RopeBase > 0) || !(c.RopeFreqScale > 0):
+		return fmt.Errorf("%w: rope base %g, freq scale %g", ErrBadConfig, c.RopeBase, c.RopeFreqScale)
+	case c.RopeFreqFactors != nil && len(c.RopeFreqFactors) != c.RopeDims/2:
+		return fmt.Errorf("%w: %d rope frequency factors for %d rotated dims", ErrBadConfig, len(c.RopeFreqFactors), c.RopeDims)
+	case c.Layers > 1024 || c.Dim > 1<<16 || c.HeadDim > 1024 || c.Heads > 1024 || c.FFN > 1<<18 || c.Vocab > 1<<22 || c.ContextLength > 1<<24:
+		return fmt.Errorf("%w: sizes beyond what this engine supports (layers %d, dim %d, ffn %d, vocab %d, ctx %d)",
+			ErrBadConfig, c.Layers, c.Dim, c.FFN, c.Vocab, c.ContextLength)
+	}
+	return nil
+}

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The project's test command (README): formatting, vet, the whole suite,
+# the race detector on the concurrent packages, and the pure-Go kernels.
+# Installs what the tests need first (the openai npm client for the
+# compatibility test, when npm is present).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+echo "== go version: $(go version)"
+go mod download
+
+unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
+if [ -n "$unformatted" ]; then
+  echo "gofmt would change:"; echo "$unformatted"; exit 1
+fi
+go vet ./...
+go vet -tags purego ./...
+
+# The OpenAI client compatibility test needs the official npm package.
+client_dir=internal/gateway/testdata/openai-client
+if [ -f "$client_dir/package.json" ] && command -v npm >/dev/null 2>&1; then
+  (cd "$client_dir" && npm install --no-audit --no-fund --silent) && export PAGEWARDEN_NODE_TESTS=1
+fi
+
+echo "== go test ./..."
+go test -count=1 -timeout 20m ./...
+echo "== go test -race (concurrent packages)"
+go test -count=1 -race -timeout 20m $(go list ./internal/... | grep -E '/(kvcache|sched|gateway|kernels|engine|cli)($|/)')
+echo "== go test -tags purego (reference kernels)"
+go test -count=1 -tags purego -timeout 20m ./internal/kernels/... ./internal/engine/...
