@@ -30,7 +30,7 @@ type BuiltinSpec struct {
 // Builtins lists the generated models by name. The larger ones copy the
 // shapes of SmolLM2-135M and TinyLlama-1.1B for benchmarks.
 var Builtins = map[string]BuiltinSpec{
-	"tiny":       {Name: "tiny", Dim: 128, Layers: 4, Heads: 4, KVHeads: 2, FFN: 384, Ctx: 2048, Type: quant.F32, Tied: true, Seed: 1},
+	"tiny":       {Name: "tiny", Dim: 128, Layers: 4, Heads: 4, KVHeads: 2, FFN: 384, Ctx: 2048, Type: quant.F32, Seed: 1},
 	"135m-f32":   {Name: "135m-f32", Dim: 576, Layers: 30, Heads: 9, KVHeads: 3, FFN: 1536, Ctx: 4096, Vocab: 32000, Type: quant.F32, Tied: true, Seed: 2},
 	"135m-q8_0":  {Name: "135m-q8_0", Dim: 576, Layers: 30, Heads: 9, KVHeads: 3, FFN: 1536, Ctx: 4096, Vocab: 32000, Type: quant.Q8_0, Tied: true, Seed: 2},
 	"1.1b-q8_0":  {Name: "1.1b-q8_0", Dim: 2048, Layers: 22, Heads: 32, KVHeads: 4, FFN: 5632, Ctx: 2048, Vocab: 32000, Type: quant.Q8_0, Seed: 3},
@@ -189,6 +189,19 @@ func BuiltinGGUF(spec BuiltinSpec) (*gguf.Writer, error) {
 			typ = quant.F32
 		} else {
 			fillUniform(vals, spec.Seed, t.name, float32(1/math.Sqrt(float64(t.cols))))
+		}
+		if t.name == "output.weight" {
+			// Damp the rows of byte, control and padding tokens so that
+			// the random network writes printable ASCII rather than
+			// invalid UTF-8.
+			for id := 0; id < int(t.rows); id++ {
+				if types[id] != ttNormal {
+					row := vals[uint64(id)*t.cols : uint64(id+1)*t.cols]
+					for i := range row {
+						row[i] *= 0.05
+					}
+				}
+			}
 		}
 		b, err := quant.Quantize(typ, vals)
 		if err != nil {

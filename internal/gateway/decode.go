@@ -1,0 +1,432 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/pagewarden/pagewarden/internal/request"
+)
+
+// Bounds on decoded requests. Bodies are already capped by
+// Config.MaxBodyBytes; these keep individual fields sane.
+const (
+	maxStops       = 16
+	maxStopBytes   = 256
+	maxCacheSalt   = 256
+	maxUserBytes   = 256
+	maxMessages    = 4096
+	maxPromptIDs   = 1 << 20
+	maxModelIDSize = 256
+)
+
+// commonFields are the generation parameters shared by both endpoints.
+// Pointers distinguish "absent or null" from zero. Unknown fields are
+// ignored, as OpenAI does.
+type commonFields struct {
+	Model               string          `json:"model"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	Temperature         *float64        `json:"temperature"`
+	TopP                *float64        `json:"top_p"`
+	TopK                *int            `json:"top_k"`
+	MinP                *float64        `json:"min_p"`
+	RepetitionPenalty   *float64        `json:"repetition_penalty"`
+	PresencePenalty     *float64        `json:"presence_penalty"`
+	FrequencyPenalty    *float64        `json:"frequency_penalty"`
+	Stop                json.RawMessage `json:"stop"`
+	Seed                *int64          `json:"seed"`
+	N                   *int            `json:"n"`
+	Stream              *bool           `json:"stream"`
+	StreamOptions       *struct {
+		IncludeUsage *bool `json:"include_usage"`
+	} `json:"stream_options"`
+	User        *string `json:"user"`
+	CacheSalt   *string `json:"cache_salt"`
+	TopLogprobs *int    `json:"top_logprobs"`
+}
+
+type chatRequest struct {
+	commonFields
+	Messages       []chatMessage   `json:"messages"`
+	Logprobs       *bool           `json:"logprobs"`
+	Tools          json.RawMessage `json:"tools"`
+	ResponseFormat *struct {
+		Type string `json:"type"`
+	} `json:"response_format"`
+	AddGenerationPrompt *bool `json:"add_generation_prompt"`
+}
+
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+	Name    *string         `json:"name"`
+}
+
+type completionRequest struct {
+	commonFields
+	Prompt   json.RawMessage `json:"prompt"`
+	Logprobs *int            `json:"logprobs"`
+	Echo     *bool           `json:"echo"`
+	BestOf   *int            `json:"best_of"`
+	Suffix   *string         `json:"suffix"`
+}
+
+// genParams is a validated request, independent of the endpoint.
+type genParams struct {
+	model        string
+	maxTokens    int // 0: fill the window
+	sampling     request.Sampling
+	stop         []string
+	stream       bool
+	includeUsage bool
+	cacheSalt    string
+	user         string
+}
+
+// message is a validated chat message.
+type message struct {
+	Role    string
+	Content string
+}
+
+// promptInput is a validated completions prompt: text or token ids.
+type promptInput struct {
+	text   string
+	ids    []int
+	hasIDs bool
+}
+
+// decodeJSON unmarshals body into v, turning every failure into a 400 that
+// names the field and says what was expected, without echoing Go internals.
+func decodeJSON(body []byte, v any) *apiError {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return badRequest("", "The request body is empty; expected a JSON object.")
+	}
+	if !utf8.Valid(body) {
+		e := badRequest("", "The request body is not valid UTF-8.")
+		e.Code = "invalid_utf8"
+		return e
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		var se *json.SyntaxError
+		var te *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &se):
+			return &apiError{Status: 400, Type: "invalid_request_error", Code: "invalid_json",
+				Message: fmt.Sprintf("We could not parse the JSON body of your request (at byte %d). Send valid JSON.", se.Offset), Err: err}
+		case errors.As(err, &te):
+			// Fields of the embedded struct are reported with its Go
+			// name in front; the client knows only the JSON path.
+			te.Field = strings.TrimPrefix(te.Field, "commonFields.")
+			if te.Field == "" {
+				return &apiError{Status: 400, Type: "invalid_request_error", Code: "invalid_json",
+					Message: "The request body must be a JSON object.", Err: err}
+			}
+			e := badRequest(te.Field, "Invalid type for '%s': expected %s, got %s.", te.Field, jsonKind(te.Type), te.Value)
+			e.Code = "invalid_type"
+			e.Err = err
+			return e
+		}
+		return &apiError{Status: 400, Type: "invalid_request_error", Code: "invalid_json",
+			Message: "We could not parse the JSON body of your request. Send valid JSON.", Err: err}
+	}
+	return nil
+}
+
+// jsonKind names a Go type the way a JSON client thinks of it.
+func jsonKind(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.String:
+		return "a string"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	}
+	return "an object"
+}
+
+func isNull(raw json.RawMessage) bool {
+	t := bytes.TrimSpace(raw)
+	return len(t) == 0 || bytes.Equal(t, []byte("null"))
+}
+
+// validate checks the shared fields and fills a genParams.
+func (f *commonFields) validate() (genParams, *apiError) {
+	var g genParams
+	if len(f.Model) > maxModelIDSize {
+		return g, badRequest("model", "'model' is too long.")
+	}
+	g.model = f.Model
+	mt := f.MaxTokens
+	param := "max_tokens"
+	if f.MaxCompletionTokens != nil {
+		mt, param = f.MaxCompletionTokens, "max_completion_tokens"
+	}
+	if mt != nil {
+		if *mt < 1 {
+			return g, badRequest(param, "'%s' must be at least 1, got %d.", param, *mt)
+		}
+		g.maxTokens = *mt
+	}
+	if v := f.Temperature; v != nil {
+		if *v < 0 || *v > 2 {
+			return g, badRequest("temperature", "'temperature' must be between 0 and 2, got %g.", *v)
+		}
+		g.sampling.Temperature = float32(*v)
+	}
+	if v := f.TopP; v != nil {
+		if *v <= 0 || *v > 1 {
+			return g, badRequest("top_p", "'top_p' must be in (0, 1], got %g.", *v)
+		}
+		g.sampling.TopP = float32(*v)
+	}
+	if v := f.TopK; v != nil {
+		if *v < -1 {
+			return g, badRequest("top_k", "'top_k' must be -1 (off), 0 (off) or positive, got %d.", *v)
+		}
+		if *v > 0 {
+			g.sampling.TopK = *v
+		}
+	}
+	if v := f.MinP; v != nil {
+		if *v < 0 || *v > 1 {
+			return g, badRequest("min_p", "'min_p' must be between 0 and 1, got %g.", *v)
+		}
+		g.sampling.MinP = float32(*v)
+	}
+	if v := f.RepetitionPenalty; v != nil {
+		if *v <= 0 || *v > 10 {
+			return g, badRequest("repetition_penalty", "'repetition_penalty' must be in (0, 10], got %g.", *v)
+		}
+		g.sampling.RepetitionPenalty = float32(*v)
+	}
+	// Silently ignoring a sampling knob would return output the client did
+	// not ask for; zero (the default) is the only value we honour exactly.
+	if v := f.PresencePenalty; v != nil && *v != 0 {
+		return g, unsupported("presence_penalty", "A non-zero 'presence_penalty'")
+	}
+	if v := f.FrequencyPenalty; v != nil && *v != 0 {
+		return g, unsupported("frequency_penalty", "A non-zero 'frequency_penalty'")
+	}
+	if f.Seed != nil {
+		g.sampling.Seed = uint64(*f.Seed)
+	}
+	if f.N != nil && *f.N != 1 {
+		return g, unsupported("n", "'n' other than 1")
+	}
+	if f.TopLogprobs != nil {
+		return g, unsupported("top_logprobs", "'top_logprobs'")
+	}
+	stops, err := parseStop(f.Stop)
+	if err != nil {
+		return g, err
+	}
+	g.stop = stops
+	g.stream = f.Stream != nil && *f.Stream
+	if f.StreamOptions != nil {
+		if !g.stream {
+			return g, badRequest("stream_options", "'stream_options' is only allowed when 'stream' is true.")
+		}
+		g.includeUsage = f.StreamOptions.IncludeUsage != nil && *f.StreamOptions.IncludeUsage
+	}
+	if f.User != nil {
+		if len(*f.User) > maxUserBytes {
+			return g, badRequest("user", "'user' must be at most %d bytes.", maxUserBytes)
+		}
+		g.user = *f.User
+	}
+	if f.CacheSalt != nil {
+		if *f.CacheSalt == "" || len(*f.CacheSalt) > maxCacheSalt {
+			return g, badRequest("cache_salt", "'cache_salt' must be a non-empty string of at most %d bytes.", maxCacheSalt)
+		}
+		g.cacheSalt = *f.CacheSalt
+	}
+	return g, nil
+}
+
+// parseStop accepts a string, an array of strings, or null.
+func parseStop(raw json.RawMessage) ([]string, *apiError) {
+	if isNull(raw) {
+		return nil, nil
+	}
+	var one string
+	var many []string
+	if err := json.Unmarshal(raw, &one); err == nil {
+		many = []string{one}
+	} else if err := json.Unmarshal(raw, &many); err != nil {
+		return nil, badRequest("stop", "'stop' must be a string or an array of strings.")
+	}
+	if len(many) > maxStops {
+		return nil, badRequest("stop", "'stop' may hold at most %d sequences.", maxStops)
+	}
+	for _, s := range many {
+		if s == "" || len(s) > maxStopBytes {
+			return nil, badRequest("stop", "Each stop sequence must be non-empty and at most %d bytes.", maxStopBytes)
+		}
+	}
+	return many, nil
+}
+
+// parseChat decodes and validates a chat completion request.
+func parseChat(body []byte) (genParams, []message, bool, *apiError) {
+	var req chatRequest
+	if e := decodeJSON(body, &req); e != nil {
+		return genParams{}, nil, false, e
+	}
+	g, e := req.validate()
+	if e != nil {
+		return g, nil, false, e
+	}
+	if req.Logprobs != nil && *req.Logprobs {
+		return g, nil, false, unsupported("logprobs", "'logprobs'")
+	}
+	if !isNull(req.Tools) && !bytes.Equal(bytes.TrimSpace(req.Tools), []byte("[]")) {
+		return g, nil, false, unsupported("tools", "Tool calling")
+	}
+	if rf := req.ResponseFormat; rf != nil && rf.Type != "" && rf.Type != "text" {
+		return g, nil, false, unsupported("response_format", "'response_format' other than text")
+	}
+	if len(req.Messages) == 0 {
+		return g, nil, false, badRequest("messages", "'messages' must be a non-empty array.")
+	}
+	if len(req.Messages) > maxMessages {
+		return g, nil, false, badRequest("messages", "'messages' may hold at most %d messages.", maxMessages)
+	}
+	msgs := make([]message, len(req.Messages))
+	for i, m := range req.Messages {
+		param := fmt.Sprintf("messages[%d]", i)
+		switch m.Role {
+		case "system", "user", "assistant":
+		case "developer":
+			m.Role = "system" // OpenAI's newer name for the system role
+		case "":
+			return g, nil, false, badRequest(param+".role", "'%s.role' is required.", param)
+		default:
+			return g, nil, false, badRequest(param+".role", "Unsupported role in '%s.role': use system, developer, user or assistant.", param)
+		}
+		text, e := parseContent(m.Content, param+".content", m.Role == "assistant")
+		if e != nil {
+			return g, nil, false, e
+		}
+		msgs[i] = message{Role: m.Role, Content: text}
+	}
+	addGen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
+	return g, msgs, addGen, nil
+}
+
+// parseContent accepts a string, an array of text parts, or (for the
+// assistant) null.
+func parseContent(raw json.RawMessage, param string, nullOK bool) (string, *apiError) {
+	if isNull(raw) {
+		if nullOK {
+			return "", nil
+		}
+		return "", badRequest(param, "'%s' is required.", param)
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return s, nil
+	}
+	var parts []struct {
+		Type string  `json:"type"`
+		Text *string `json:"text"`
+	}
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return "", badRequest(param, "'%s' must be a string or an array of content parts.", param)
+	}
+	var b bytes.Buffer
+	for i, p := range parts {
+		if p.Type != "text" || p.Text == nil {
+			return "", unsupported(fmt.Sprintf("%s[%d]", param, i), "Content parts other than text")
+		}
+		if i > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(*p.Text)
+	}
+	return b.String(), nil
+}
+
+// parseCompletion decodes and validates a completions request.
+func parseCompletion(body []byte) (genParams, promptInput, *apiError) {
+	var req completionRequest
+	if e := decodeJSON(body, &req); e != nil {
+		return genParams{}, promptInput{}, e
+	}
+	g, e := req.validate()
+	if e != nil {
+		return g, promptInput{}, e
+	}
+	if req.Logprobs != nil {
+		return g, promptInput{}, unsupported("logprobs", "'logprobs'")
+	}
+	if req.Echo != nil && *req.Echo {
+		return g, promptInput{}, unsupported("echo", "'echo'")
+	}
+	if req.BestOf != nil && *req.BestOf != 1 {
+		return g, promptInput{}, unsupported("best_of", "'best_of' other than 1")
+	}
+	if req.Suffix != nil && *req.Suffix != "" {
+		return g, promptInput{}, unsupported("suffix", "'suffix'")
+	}
+	p, e := parsePrompt(req.Prompt)
+	return g, p, e
+}
+
+// parsePrompt accepts a string, [string], [int...] or [[int...]]: one
+// prompt, as text or token ids. Several prompts need n>1-style batching,
+// which is not supported.
+func parsePrompt(raw json.RawMessage) (promptInput, *apiError) {
+	if isNull(raw) {
+		return promptInput{}, badRequest("prompt", "'prompt' is required.")
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return promptInput{text: s}, nil
+	}
+	var ids []int
+	if json.Unmarshal(raw, &ids) == nil {
+		return checkIDs(ids)
+	}
+	var ss []string
+	if json.Unmarshal(raw, &ss) == nil {
+		if len(ss) != 1 {
+			return promptInput{}, unsupported("prompt", "More than one prompt per request")
+		}
+		return promptInput{text: ss[0]}, nil
+	}
+	var idss [][]int
+	if json.Unmarshal(raw, &idss) == nil {
+		if len(idss) != 1 {
+			return promptInput{}, unsupported("prompt", "More than one prompt per request")
+		}
+		return checkIDs(idss[0])
+	}
+	return promptInput{}, badRequest("prompt", "'prompt' must be a string, an array of token ids, or a one-element array of either.")
+}
+
+func checkIDs(ids []int) (promptInput, *apiError) {
+	if len(ids) > maxPromptIDs {
+		return promptInput{}, badRequest("prompt", "'prompt' has too many tokens.")
+	}
+	for _, id := range ids {
+		if id < 0 {
+			return promptInput{}, badRequest("prompt", "Token ids must not be negative.")
+		}
+	}
+	return promptInput{ids: ids, hasIDs: true}, nil
+}

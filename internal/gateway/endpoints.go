@@ -1,0 +1,108 @@
+package gateway
+
+import (
+	"encoding/json"
+	"fmt"
+)
+
+func (s *Server) models(c *call) *apiError {
+	return writeOK(c, map[string]any{
+		"object": "list",
+		"data": []any{map[string]any{
+			"id": s.backend.ModelID(), "object": "model", "created": c.start.Unix(),
+			"owned_by": "pagewarden", "root": s.backend.ModelID(), "parent": nil,
+			"max_model_len": s.limits.MaxContext,
+		}},
+	})
+}
+
+// tokenizeRequest is vLLM's /tokenize body: either a prompt or messages.
+type tokenizeRequest struct {
+	Model               string          `json:"model"`
+	Prompt              *string         `json:"prompt"`
+	Messages            json.RawMessage `json:"messages"`
+	AddSpecialTokens    *bool           `json:"add_special_tokens"`
+	AddGenerationPrompt *bool           `json:"add_generation_prompt"`
+}
+
+func (s *Server) tokenize(c *call) *apiError {
+	body, e := c.readBody()
+	if e != nil {
+		return e
+	}
+	var req tokenizeRequest
+	if e := decodeJSON(body, &req); e != nil {
+		return e
+	}
+	if e := c.checkModel(req.Model); e != nil {
+		return e
+	}
+	var ids []int
+	switch {
+	case req.Prompt != nil && !isNull(req.Messages):
+		return badRequest("messages", "Send either 'prompt' or 'messages', not both.")
+	case req.Prompt != nil:
+		add := req.AddSpecialTokens == nil || *req.AddSpecialTokens
+		var err error
+		if ids, err = s.backend.Tokenize(*req.Prompt, add, true); err != nil {
+			return internalError(fmt.Errorf("tokenize: %w", err))
+		}
+	case !isNull(req.Messages):
+		// The same path as chat completions, so the count is exactly
+		// what a chat request with these messages is charged.
+		chatBody, _ := json.Marshal(map[string]json.RawMessage{"messages": req.Messages})
+		_, msgs, _, e := parseChat(chatBody)
+		if e != nil {
+			return e
+		}
+		addGen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
+		if ids, _, e = s.chatPrompt(msgs, addGen); e != nil {
+			return e
+		}
+	default:
+		return badRequest("prompt", "'prompt' or 'messages' is required.")
+	}
+	if ids == nil {
+		ids = []int{}
+	}
+	return writeOK(c, map[string]any{"count": len(ids), "max_model_len": s.limits.MaxContext, "tokens": ids})
+}
+
+func (s *Server) detokenize(c *call) *apiError {
+	body, e := c.readBody()
+	if e != nil {
+		return e
+	}
+	var req struct {
+		Model  string `json:"model"`
+		Tokens []int  `json:"tokens"`
+	}
+	if e := decodeJSON(body, &req); e != nil {
+		return e
+	}
+	if e := c.checkModel(req.Model); e != nil {
+		return e
+	}
+	if req.Tokens == nil {
+		return badRequest("tokens", "'tokens' is required.")
+	}
+	for _, id := range req.Tokens {
+		if id < 0 {
+			return badRequest("tokens", "Token ids must not be negative.")
+		}
+	}
+	text, err := s.backend.Detokenize(req.Tokens)
+	if err != nil {
+		e := badRequest("tokens", "'tokens' holds an id that is not in the model's vocabulary.")
+		e.Err = err
+		return e
+	}
+	return writeOK(c, map[string]any{"prompt": text})
+}
+
+func writeOK(c *call, v any) *apiError {
+	if err := c.writeJSON(v); err != nil {
+		c.err = err
+	}
+	return nil
+}

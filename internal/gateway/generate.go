@@ -1,0 +1,531 @@
+package gateway
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/pagewarden/pagewarden/internal/gateway/chattmpl"
+	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
+	"github.com/pagewarden/pagewarden/internal/request"
+)
+
+func (s *Server) chatCompletions(c *call) *apiError {
+	body, e := c.readBody()
+	if e != nil {
+		return e
+	}
+	g, msgs, addGen, e := parseChat(body)
+	if e != nil {
+		return e
+	}
+	if e := c.checkModel(g.model); e != nil {
+		return e
+	}
+	ids, text, e := s.chatPrompt(msgs, addGen)
+	if e != nil {
+		return e
+	}
+	c.promptText = text
+	return c.generate(ids, g, &chatResponder{})
+}
+
+func (s *Server) completions(c *call) *apiError {
+	body, e := c.readBody()
+	if e != nil {
+		return e
+	}
+	g, p, e := parseCompletion(body)
+	if e != nil {
+		return e
+	}
+	if e := c.checkModel(g.model); e != nil {
+		return e
+	}
+	ids := p.ids
+	if p.hasIDs {
+		// Ids out of the vocabulary are the client's mistake, not ours.
+		if _, err := s.backend.Detokenize(ids); err != nil {
+			e := badRequest("prompt", "'prompt' holds a token id that is not in the model's vocabulary.")
+			e.Err = err
+			return e
+		}
+	} else {
+		var err error
+		ids, err = s.backend.Tokenize(p.text, true, true)
+		if err != nil {
+			return internalError(fmt.Errorf("tokenize prompt: %w", err))
+		}
+		c.promptText = p.text
+	}
+	return c.generate(ids, g, &completionResponder{})
+}
+
+// chatPrompt renders messages with the model's chat template (or the
+// ChatML fallback, see chattmpl.Fallback) and tokenizes the result.
+func (s *Server) chatPrompt(msgs []message, addGen bool) ([]int, string, *apiError) {
+	in := chattmpl.Input{AddGenerationPrompt: addGen, Messages: make([]chattmpl.Message, len(msgs))}
+	for i, m := range msgs {
+		in.Messages[i] = chattmpl.Message{Role: m.Role, Content: m.Content}
+	}
+	if id := s.backend.BOS(); id >= 0 {
+		in.BOSToken = string(s.backend.TokenPiece(id))
+	}
+	if id := s.backend.EOS(); id >= 0 {
+		in.EOSToken = string(s.backend.TokenPiece(id))
+	}
+	var text string
+	if s.tmpl != nil {
+		var err error
+		text, err = s.tmpl.RenderChat(in)
+		var raised *chattmpl.RaisedError
+		switch {
+		case errors.As(err, &raised):
+			e := badRequest("messages", "The model's chat template rejected the messages: %s", truncate(raised.Msg, 200))
+			e.Err = err
+			return nil, "", e
+		case err != nil:
+			// A template we parsed but cannot run (an unsupported
+			// feature, a resource limit): fall back rather than fail
+			// every chat request, and say so in the log.
+			s.log.Warn("chat template failed; using the fallback format", "err", err)
+			text = chattmpl.Fallback(in)
+		}
+	} else {
+		text = chattmpl.Fallback(in)
+	}
+	// The template usually writes bos_token itself; tokenizing with
+	// special tokens parsed and added would then give two BOS in a row.
+	ids, err := s.backend.Tokenize(text, true, true)
+	if err != nil {
+		return nil, "", internalError(fmt.Errorf("tokenize chat prompt: %w", err))
+	}
+	if bos := s.backend.BOS(); bos >= 0 && len(ids) >= 2 && ids[0] == bos && ids[1] == bos {
+		ids = ids[1:]
+	}
+	return ids, text, nil
+}
+
+// checkLength applies the served limits (I5) before anything is submitted:
+// a request that does not fit is refused with the numbers and no page is
+// ever allocated for it. It returns the max_tokens to run with.
+func (s *Server) checkLength(prompt, maxTokens int) (int, *apiError) {
+	w := s.limits.MaxContext
+	if prompt == 0 {
+		return 0, badRequest("prompt", "The prompt is empty.")
+	}
+	if prompt > s.limits.MaxPromptTokens {
+		return 0, contextLengthError(w, prompt, max(maxTokens, 1))
+	}
+	if maxTokens == 0 {
+		maxTokens = w - prompt
+	}
+	if prompt+maxTokens > w {
+		return 0, contextLengthError(w, prompt, maxTokens)
+	}
+	return maxTokens, nil
+}
+
+// responder writes one endpoint's response shape, streaming or not.
+type responder interface {
+	// delta adds generated text. Streaming writes it at once (starting
+	// the response on first use); non-streaming keeps it.
+	delta(c *call, g *genParams, text string) error
+	// finish ends a successful response: the only place a 200 body or a
+	// [DONE] is written.
+	finish(c *call, g *genParams, reason string, u usageJSON) error
+}
+
+// generate admits, submits and relays one request. Errors before the
+// first byte are returned (an HTTP error); later ones are written as an
+// SSE error event by c.fail.
+func (c *call) generate(prompt []int, g genParams, resp responder) *apiError {
+	s := c.s
+	maxTokens, e := s.checkLength(len(prompt), g.maxTokens)
+	if e != nil {
+		return e
+	}
+	c.promptTokens = len(prompt)
+	pages := 0
+	if ps := s.limits.PageSize; ps > 0 {
+		pages = (len(prompt) + maxTokens + ps - 1) / ps
+	}
+	grant, err := s.reg.Acquire(s.now(), c.tenant.ID, len(prompt)+maxTokens, pages)
+	if err != nil {
+		var qe *tenants.QuotaError
+		if errors.As(err, &qe) {
+			return &apiError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "rate_limit_exceeded",
+				Message:    fmt.Sprintf("Rate limit reached for your API key (%s); retry after %d s.", qe.Limit, int(qe.RetryAfter/time.Second)),
+				RetryAfter: qe.RetryAfter, Err: err}
+		}
+		return errUnauthorized // tenant removed by a reload a moment ago
+	}
+	used := len(prompt)
+	defer func() { grant.Release(s.now(), used) }()
+
+	if n := s.inflight.Add(1); s.cfg.MaxInFlight > 0 && int(n) > s.cfg.MaxInFlight {
+		s.inflight.Add(-1)
+		return errOverloaded
+	}
+	defer s.inflight.Add(-1)
+
+	c.id = request.NewID()
+	owner := request.Owner{Tenant: request.Tenant(c.tenant.ID), ID: c.id}
+	p := request.Params{
+		Owner: owner, Prompt: prompt, MaxTokens: maxTokens, Sampling: g.sampling,
+		CacheSalt: g.cacheSalt, Priority: c.tenant.Limits.Priority,
+	}
+	s.m.promptTokens.WithLabelValues(c.tenant.ID).Add(float64(len(prompt)))
+	gauge := s.m.inFlight.WithLabelValues(c.tenant.ID)
+	gauge.Inc()
+	defer gauge.Dec()
+
+	st, err := s.backend.Submit(c.ctx, p)
+	if err != nil {
+		return backendError(fmt.Errorf("submit: %w", err))
+	}
+	count, e := c.relay(st, owner, &g, resp)
+	used += count
+	if count > 0 {
+		s.m.completionTokens.WithLabelValues(c.tenant.ID).Add(float64(count))
+	}
+	c.completionTokens = count
+	return e
+}
+
+// relay copies tokens from st to the client, checking every token's owner
+// against the connection's (I10), until the request is terminal. It
+// returns the number of tokens received for this request.
+func (c *call) relay(st Stream, owner request.Owner, g *genParams, resp responder) (int, *apiError) {
+	s := c.s
+	text := &textStream{stops: g.stop}
+	tokens := st.Tokens()
+	count := 0
+	var last time.Time
+	// abortWait ends the request at the backend and waits for its
+	// terminal result, discarding any tokens still in flight (they are
+	// never written).
+	abortWait := func() request.Result {
+		if err := s.backend.Abort(owner.Tenant, owner.ID); err != nil && !errors.Is(err, request.ErrNotFound) {
+			s.log.Warn("abort failed", "id", owner.ID.String(), "err", err)
+		}
+		for range tokens {
+		}
+		return st.Result()
+	}
+	mismatch := func(what string, got request.Owner) *apiError {
+		s.m.ownerMismatch.Inc()
+		return internalError(fmt.Errorf("%w: %s for %v on the connection of %v", ErrOwnerMismatch, what, got, owner))
+	}
+	stopped := false
+loop:
+	for {
+		select {
+		case <-c.ctx.Done():
+			res := abortWait()
+			c.cachedTokens = res.Usage.CachedTokens
+			if s.stop.Err() != nil {
+				return count, backendError(ErrDraining)
+			}
+			// The client is gone: nobody to answer. 499 is nginx's
+			// "client closed request", used only in logs and metrics.
+			c.status, c.finish, c.err = 499, "client_closed", c.ctx.Err()
+			return count, nil
+		case tok, ok := <-tokens:
+			if !ok {
+				break loop
+			}
+			if tok.Owner != owner {
+				abortWait()
+				return count, mismatch("token", tok.Owner)
+			}
+			if tok.Index != count {
+				s.m.badStream.Inc()
+				abortWait()
+				return count, internalError(fmt.Errorf("%w: token index %d, expected %d", ErrBadStream, tok.Index, count))
+			}
+			now := s.now()
+			if count == 0 {
+				c.ttft = now.Sub(c.start)
+				s.m.ttft.WithLabelValues(c.tenant.ID).Observe(c.ttft.Seconds())
+			} else {
+				s.m.interToken.WithLabelValues(c.tenant.ID).Observe(now.Sub(last).Seconds())
+			}
+			last = now
+			count++
+			if s.backend.IsEOG(tok.ID) {
+				continue
+			}
+			out, stop := text.push(s.backend.TokenPiece(tok.ID))
+			if out != "" {
+				if err := resp.delta(c, g, out); err != nil {
+					abortWait()
+					c.status, c.finish, c.err = 499, "client_closed", err
+					return count, nil
+				}
+			}
+			if stop {
+				stopped = true
+				abortWait()
+				break loop
+			}
+		}
+	}
+	res := st.Result()
+	if res.Owner != owner {
+		return count, mismatch("result", res.Owner)
+	}
+	c.cachedTokens = res.Usage.CachedTokens
+	reason := "stop"
+	switch {
+	case stopped:
+		// The gateway ended it on a stop sequence; the backend's abort
+		// result is expected and the text is complete.
+	case !res.Reason.Success():
+		err := res.Err
+		if err == nil {
+			err = fmt.Errorf("terminal reason %v without error", res.Reason)
+			if res.Reason == request.FinishAbort {
+				err = request.ErrAborted
+			}
+		}
+		c.finish = res.Reason.String()
+		return count, backendError(fmt.Errorf("result: %w", err))
+	case res.Err != nil:
+		s.m.abortedCompleted.Inc()
+		return count, internalError(fmt.Errorf("%w: result %v carries error %v", ErrBadStream, res.Reason, res.Err))
+	case res.Usage.CompletionTokens != count,
+		res.Usage.PromptTokens != 0 && res.Usage.PromptTokens != c.promptTokens:
+		s.m.badStream.Inc()
+		return count, internalError(fmt.Errorf("%w: usage %+v, delivered %d tokens for a %d-token prompt",
+			ErrBadStream, res.Usage, count, c.promptTokens))
+	default:
+		if res.Reason == request.FinishLength {
+			reason = "length"
+		}
+		if tail := text.finish(); tail != "" {
+			if err := resp.delta(c, g, tail); err != nil {
+				c.status, c.finish, c.err = 499, "client_closed", err
+				return count, nil
+			}
+		}
+	}
+	c.finish = reason
+	u := usageJSON{PromptTokens: c.promptTokens, CompletionTokens: count, TotalTokens: c.promptTokens + count,
+		PromptTokensDetails: &promptDetails{CachedTokens: c.cachedTokens}}
+	if err := resp.finish(c, g, reason, u); err != nil {
+		c.status, c.err = 499, err
+	}
+	return count, nil
+}
+
+type usageJSON struct {
+	PromptTokens        int            `json:"prompt_tokens"`
+	CompletionTokens    int            `json:"completion_tokens"`
+	TotalTokens         int            `json:"total_tokens"`
+	PromptTokensDetails *promptDetails `json:"prompt_tokens_details,omitempty"`
+}
+
+type promptDetails struct {
+	CachedTokens int `json:"cached_tokens"`
+}
+
+// sse writes server-sent events with a per-write deadline.
+func (c *call) startSSE() {
+	h := c.w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	h.Set("X-Request-Id", c.id.String())
+	c.w.WriteHeader(http.StatusOK)
+	c.started = true
+}
+
+func (c *call) writeEvent(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return c.writeRaw(append(append([]byte("data: "), b...), '\n', '\n'))
+}
+
+func (c *call) writeRaw(b []byte) error {
+	rc := http.NewResponseController(c.w)
+	_ = rc.SetWriteDeadline(c.s.now().Add(c.s.cfg.WriteTimeout)) // unsupported by some writers: best effort
+	if _, err := c.w.Write(b); err != nil {
+		return err
+	}
+	return rc.Flush()
+}
+
+// writeSSEError ends a started stream with an error event and no [DONE]:
+// a client must never mistake a failed stream for a finished one.
+func writeSSEError(w http.ResponseWriter, e *apiError) {
+	b, _ := json.Marshal(e.body())
+	w.Write(append(append([]byte("data: "), b...), '\n', '\n'))
+	http.NewResponseController(w).Flush()
+}
+
+func (c *call) writeJSON(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	h := c.w.Header()
+	h.Set("Content-Type", "application/json")
+	if !c.id.IsZero() {
+		h.Set("X-Request-Id", c.id.String())
+	}
+	c.w.WriteHeader(http.StatusOK)
+	c.started = true
+	_, err = c.w.Write(append(b, '\n'))
+	return err
+}
+
+// Chat completion shapes.
+
+type chatResponder struct {
+	text []byte
+}
+
+type chatChunk struct {
+	ID      string            `json:"id"`
+	Object  string            `json:"object"`
+	Created int64             `json:"created"`
+	Model   string            `json:"model"`
+	Choices []chatChunkChoice `json:"choices"`
+	Usage   *usageJSON        `json:"usage,omitempty"`
+}
+
+type chatChunkChoice struct {
+	Index        int       `json:"index"`
+	Delta        chatDelta `json:"delta"`
+	Logprobs     *struct{} `json:"logprobs"`
+	FinishReason *string   `json:"finish_reason"`
+}
+
+type chatDelta struct {
+	Role    string  `json:"role,omitempty"`
+	Content *string `json:"content,omitempty"`
+}
+
+func (r *chatResponder) chunk(c *call, d chatDelta, finish *string) chatChunk {
+	return chatChunk{ID: "chatcmpl-" + c.id.String(), Object: "chat.completion.chunk", Created: c.start.Unix(),
+		Model:   c.s.backend.ModelID(),
+		Choices: []chatChunkChoice{{Delta: d, FinishReason: finish}}}
+}
+
+func (r *chatResponder) begin(c *call) error {
+	c.startSSE()
+	empty := ""
+	return c.writeEvent(r.chunk(c, chatDelta{Role: "assistant", Content: &empty}, nil))
+}
+
+func (r *chatResponder) delta(c *call, g *genParams, text string) error {
+	if !g.stream {
+		r.text = append(r.text, text...)
+		return nil
+	}
+	if !c.started {
+		if err := r.begin(c); err != nil {
+			return err
+		}
+	}
+	return c.writeEvent(r.chunk(c, chatDelta{Content: &text}, nil))
+}
+
+func (r *chatResponder) finish(c *call, g *genParams, reason string, u usageJSON) error {
+	c.outputText = string(r.text)
+	if !g.stream {
+		return c.writeJSON(map[string]any{
+			"id": "chatcmpl-" + c.id.String(), "object": "chat.completion", "created": c.start.Unix(),
+			"model": c.s.backend.ModelID(),
+			"choices": []any{map[string]any{
+				"index": 0, "message": map[string]any{"role": "assistant", "content": string(r.text)},
+				"logprobs": nil, "finish_reason": reason,
+			}},
+			"usage": u,
+		})
+	}
+	if !c.started {
+		if err := r.begin(c); err != nil {
+			return err
+		}
+	}
+	if err := c.writeEvent(r.chunk(c, chatDelta{}, &reason)); err != nil {
+		return err
+	}
+	if g.includeUsage {
+		ch := r.chunk(c, chatDelta{}, nil)
+		ch.Choices = []chatChunkChoice{}
+		ch.Usage = &u
+		if err := c.writeEvent(ch); err != nil {
+			return err
+		}
+	}
+	return c.writeRaw([]byte("data: [DONE]\n\n"))
+}
+
+// Completion shapes.
+
+type completionResponder struct {
+	text []byte
+}
+
+type completionChunk struct {
+	ID      string             `json:"id"`
+	Object  string             `json:"object"`
+	Created int64              `json:"created"`
+	Model   string             `json:"model"`
+	Choices []completionChoice `json:"choices"`
+	Usage   *usageJSON         `json:"usage,omitempty"`
+}
+
+type completionChoice struct {
+	Index        int       `json:"index"`
+	Text         string    `json:"text"`
+	Logprobs     *struct{} `json:"logprobs"`
+	FinishReason *string   `json:"finish_reason"`
+}
+
+func (r *completionResponder) chunk(c *call, text string, finish *string) completionChunk {
+	return completionChunk{ID: "cmpl-" + c.id.String(), Object: "text_completion", Created: c.start.Unix(),
+		Model: c.s.backend.ModelID(), Choices: []completionChoice{{Text: text, FinishReason: finish}}}
+}
+
+func (r *completionResponder) delta(c *call, g *genParams, text string) error {
+	if !g.stream {
+		r.text = append(r.text, text...)
+		return nil
+	}
+	if !c.started {
+		c.startSSE()
+	}
+	return c.writeEvent(r.chunk(c, text, nil))
+}
+
+func (r *completionResponder) finish(c *call, g *genParams, reason string, u usageJSON) error {
+	c.outputText = string(r.text)
+	if !g.stream {
+		ch := r.chunk(c, string(r.text), &reason)
+		ch.Usage = &u
+		return c.writeJSON(ch)
+	}
+	if !c.started {
+		c.startSSE()
+	}
+	if err := c.writeEvent(r.chunk(c, "", &reason)); err != nil {
+		return err
+	}
+	if g.includeUsage {
+		ch := r.chunk(c, "", nil)
+		ch.Choices = []completionChoice{}
+		ch.Usage = &u
+		if err := c.writeEvent(ch); err != nil {
+			return err
+		}
+	}
+	return c.writeRaw([]byte("data: [DONE]\n\n"))
+}

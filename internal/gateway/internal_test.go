@@ -1,0 +1,150 @@
+package gateway
+
+import (
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"pgregory.net/rapid"
+)
+
+func TestTextStream(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		pieces []string
+		stops  []string
+		want   []string // released text per push, then finish
+		stop   bool
+	}{
+		{"plain", []string{"ab", "c"}, nil, []string{"ab", "c", ""}, false},
+		{"split rune", []string{"\xc3", "\xa9x"}, nil, []string{"", "éx", ""}, false},
+		{"split 4-byte rune", []string{"\xf0\x9f", "\x98", "\x80"}, nil, []string{"", "", "😀", ""}, false},
+		{"dangling at end", []string{"a\xe2\x82"}, nil, []string{"a", "\uFFFD"}, false},
+		{"invalid byte", []string{"a\xffb"}, nil, []string{"a\uFFFDb", ""}, false},
+		{"stop in one piece", []string{"abSTOPcd"}, []string{"STOP"}, []string{"ab"}, true},
+		{"stop across pieces", []string{"ab S", "T", "OP x"}, []string{"STOP"}, []string{"ab ", "", ""}, true},
+		{"false start released", []string{"ab S", "x"}, []string{"STOP"}, []string{"ab ", "Sx", ""}, false},
+		{"held tail at end", []string{"ab ST"}, []string{"STOP"}, []string{"ab ", "ST"}, false},
+		{"earliest of several", []string{"xyBAz"}, []string{"z", "BA"}, []string{"xy"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := &textStream{stops: tc.stops}
+			var got []string
+			stopped := false
+			for _, p := range tc.pieces {
+				out, s := ts.push([]byte(p))
+				got = append(got, out)
+				if s {
+					stopped = true
+					break
+				}
+			}
+			if !stopped {
+				got = append(got, ts.finish())
+			}
+			if strings.Join(got, "|") != strings.Join(tc.want, "|") || stopped != tc.stop {
+				t.Errorf("got %q stop=%v, want %q stop=%v", got, stopped, tc.want, tc.stop)
+			}
+		})
+	}
+}
+
+// TestTextStreamProperties: however a byte string is cut into pieces, the
+// released text is valid UTF-8, equals the whole text cut at the first stop
+// sequence, and never shows any stop sequence.
+func TestTextStreamProperties(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		alphabet := []byte("abST\xc3\xa9\xe2\x82\xac")
+		data := rapid.SliceOfN(rapid.SampledFrom(alphabet), 0, 40).Draw(t, "data")
+		stops := rapid.SliceOfN(rapid.StringMatching(`[abST]{1,3}`), 0, 3).Draw(t, "stops")
+		ts := &textStream{stops: stops}
+		var out strings.Builder
+		rest := data
+		stopped := false
+		for len(rest) > 0 && !stopped {
+			n := rapid.IntRange(1, len(rest)).Draw(t, "cut")
+			s, st := ts.push(rest[:n])
+			out.WriteString(s)
+			stopped = st
+			rest = rest[n:]
+		}
+		if !stopped {
+			out.WriteString(ts.finish())
+		}
+		whole := strings.ToValidUTF8(string(data), "\uFFFD")
+		cut := len(whole)
+		for _, s := range stops {
+			if i := strings.Index(whole, s); i >= 0 && i < cut {
+				cut = i
+			}
+		}
+		want := whole[:cut]
+		got := out.String()
+		if !utf8.ValidString(got) {
+			t.Fatalf("invalid UTF-8 %q", got)
+		}
+		// Invalid bytes at a cut can split into two U+FFFD where the whole
+		// string has one; compare only when the data is valid UTF-8.
+		if utf8.Valid(data) && got != want {
+			t.Fatalf("got %q, want %q (stops %q)", got, want, stops)
+		}
+		for _, s := range stops {
+			if strings.Contains(got, s) {
+				t.Fatalf("output %q shows stop %q", got, s)
+			}
+		}
+	})
+}
+
+func FuzzChatRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"stream":true,"stream_options":{"include_usage":true}}`,
+		`{"messages":[{"role":"system","content":[{"type":"text","text":"a"}]},{"role":"assistant","content":null}],"stop":["x","y"],"temperature":0.5,"top_p":0.9,"seed":-1}`,
+		`{"messages":[],"n":2}`, `[]`, `{"messages":[{"role":"user","content":"\ud800"}]}`, "{\"messages\":\"\xff\"}",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		g, msgs, _, e := parseChat(body)
+		if e != nil {
+			if e.Status != 400 || e.Message == "" || e.Type == "" {
+				t.Fatalf("bad error %+v", e)
+			}
+			return
+		}
+		if len(msgs) == 0 || g.maxTokens < 0 || len(g.stop) > maxStops {
+			t.Fatalf("accepted invalid request: %+v %+v", g, msgs)
+		}
+		for _, m := range msgs {
+			if m.Role != "system" && m.Role != "user" && m.Role != "assistant" {
+				t.Fatalf("role %q", m.Role)
+			}
+		}
+	})
+}
+
+func FuzzCompletionRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"prompt":"once","max_tokens":16,"stop":"x"}`, `{"prompt":[1,2,3]}`, `{"prompt":[[1,2]]}`, `{"prompt":["a"]}`,
+		`{"prompt":["a","b"]}`, `{"prompt":[-1]}`, `{"prompt":"x","logprobs":1}`, `{"prompt":null}`, `7`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		g, p, e := parseCompletion(body)
+		if e != nil {
+			if e.Status != 400 || e.Message == "" {
+				t.Fatalf("bad error %+v", e)
+			}
+			return
+		}
+		for _, id := range p.ids {
+			if id < 0 {
+				t.Fatalf("negative id accepted")
+			}
+		}
+		if g.sampling.Temperature < 0 || g.sampling.Temperature > 2 {
+			t.Fatalf("temperature %v", g.sampling.Temperature)
+		}
+	})
+}

@@ -1,0 +1,85 @@
+package gateway
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are registered on a registry private to one Server, so that
+// several servers (tests, benchmarks) never collide on global state.
+type metrics struct {
+	reg *prometheus.Registry
+
+	requests         *prometheus.CounterVec   // tenant, endpoint, status
+	ttft             *prometheus.HistogramVec // tenant
+	interToken       *prometheus.HistogramVec // tenant
+	promptTokens     *prometheus.CounterVec   // tenant
+	completionTokens *prometheus.CounterVec   // tenant
+	inFlight         *prometheus.GaugeVec     // tenant
+	ownerMismatch    prometheus.Counter
+	abortedCompleted prometheus.Counter
+	badStream        prometheus.Counter
+}
+
+var latencyBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+
+func newMetrics(b Backend) *metrics {
+	m := &metrics{reg: prometheus.NewRegistry()}
+	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pagewarden_requests_total", Help: "HTTP requests by tenant, endpoint and status code.",
+	}, []string{"tenant", "endpoint", "status"})
+	m.ttft = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "pagewarden_time_to_first_token_seconds", Help: "Time from request arrival to the first generated token.",
+		Buckets: latencyBuckets,
+	}, []string{"tenant"})
+	m.interToken = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "pagewarden_inter_token_latency_seconds", Help: "Time between consecutive generated tokens.",
+		Buckets: latencyBuckets,
+	}, []string{"tenant"})
+	m.promptTokens = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pagewarden_prompt_tokens_total", Help: "Prompt tokens of admitted requests.",
+	}, []string{"tenant"})
+	m.completionTokens = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pagewarden_completion_tokens_total", Help: "Generated tokens delivered to clients.",
+	}, []string{"tenant"})
+	m.inFlight = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "pagewarden_requests_in_flight", Help: "Generation requests submitted and not yet finished.",
+	}, []string{"tenant"})
+	m.ownerMismatch = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "pagewarden_response_owner_mismatch_total",
+		Help: "Backend output whose owner differed from the connection's; dropped. Must stay 0.",
+	})
+	m.abortedCompleted = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "pagewarden_gateway_inconsistent_results_total",
+		Help: "Terminal results that claimed success while carrying an error; answered as failures. Must stay 0.",
+	})
+	m.badStream = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "pagewarden_gateway_stream_contract_violations_total",
+		Help: "Backend streams with out-of-order tokens or a usage count that differs from the tokens delivered. Must stay 0.",
+	})
+	m.reg.MustRegister(m.requests, m.ttft, m.interToken, m.promptTokens, m.completionTokens,
+		m.inFlight, m.ownerMismatch, m.abortedCompleted, m.badStream)
+
+	if src, ok := b.(StatsSource); ok {
+		gauge := func(name, help string, f func(PoolStats) int) prometheus.Collector {
+			return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help},
+				func() float64 { return float64(f(src.PoolStats())) })
+		}
+		m.reg.MustRegister(
+			gauge("pagewarden_kv_pages_total", "KV pages in the pool.", func(p PoolStats) int { return p.PagesTotal }),
+			gauge("pagewarden_kv_pages_free", "Free KV pages.", func(p PoolStats) int { return p.PagesFree }),
+			gauge("pagewarden_kv_pages_used", "KV pages owned or shared.", func(p PoolStats) int { return p.PagesUsed }),
+			gauge("pagewarden_kv_pages_quarantined", "Quarantined KV pages.", func(p PoolStats) int { return p.PagesQuarantined }),
+			gauge("pagewarden_queue_depth", "Requests admitted and waiting to run.", func(p PoolStats) int { return p.QueueDepth }),
+			gauge("pagewarden_running_requests", "Requests prefilling or decoding.", func(p PoolStats) int { return p.Running }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "pagewarden_isolation_violations_total",
+				Help: "Attention steps refused because a page was not owned by the sequence (I2). Must stay 0.",
+			}, func() float64 { return float64(src.IsolationViolations()) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "pagewarden_aborted_but_completed_total",
+				Help: "Requests that reached Finished after being aborted (I4). Must stay 0.",
+			}, func() float64 { return float64(src.AbortedButCompleted()) }),
+		)
+	}
+	return m
+}

@@ -1,0 +1,421 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/pagewarden/pagewarden/internal/gateway/chattmpl"
+	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
+	"github.com/pagewarden/pagewarden/internal/request"
+)
+
+// DefaultMaxBodyBytes caps request bodies when Config.MaxBodyBytes is 0.
+const DefaultMaxBodyBytes = 4 << 20
+
+// Config configures a Server. Backend and Tenants are required; every
+// other zero value means the documented default.
+type Config struct {
+	Backend Backend
+	// Tenants is the initial tenant set; see tenants.Default for the
+	// no-config case. Replace it later with Server.Reload.
+	Tenants *tenants.Config
+	// MaxBodyBytes caps a request body (413 beyond). Default 4 MiB.
+	MaxBodyBytes int64
+	// MaxInFlight caps generation requests across all tenants; beyond it
+	// requests get 503 overloaded. 0 means no cap.
+	MaxInFlight int
+	// WriteTimeout bounds each write to a client, so that a client that
+	// stops reading cannot hold a request (and its pages) forever.
+	// Default 30 s.
+	WriteTimeout time.Duration
+	// Logger receives one line per request. Default slog.Default().
+	Logger *slog.Logger
+	// LogPrompts adds prompt and output text to request logs. Debug only:
+	// prompts are customer data.
+	LogPrompts bool
+	// Now is the clock for quotas and timings. Default time.Now.
+	Now func() time.Time
+}
+
+// Server is the OpenAI-compatible HTTP gateway. It is an http.Handler; Serve
+// and Shutdown run it on a listener with graceful draining.
+type Server struct {
+	cfg     Config
+	backend Backend
+	limits  Limits
+	reg     *tenants.Registry
+	m       *metrics
+	log     *slog.Logger
+	now     func() time.Time
+	mux     *http.ServeMux
+	tmpl    *chattmpl.Template // nil: use the fallback format
+	tmplErr error              // why the model's template was not usable
+
+	// Draining: once draining is set no new request starts; active counts
+	// handlers in progress; idle is closed when draining and active is 0.
+	// stop is cancelled when the drain deadline passes, which aborts every
+	// request still running.
+	mu       sync.Mutex
+	draining bool
+	active   int
+	idle     chan struct{}
+	stop     context.Context
+	stopNow  context.CancelFunc
+	inflight atomic.Int64 // generation requests submitted
+
+	httpSrv *http.Server
+	serveMu sync.Mutex
+}
+
+// New validates cfg and builds a Server.
+func New(cfg Config) (*Server, error) {
+	if cfg.Backend == nil {
+		return nil, errors.New("gateway: Config.Backend is required")
+	}
+	if cfg.Tenants == nil {
+		return nil, errors.New("gateway: Config.Tenants is required (see tenants.Default)")
+	}
+	reg, err := tenants.NewRegistry(cfg.Tenants)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	lim := cfg.Backend.Limits()
+	if lim.MaxContext < 2 {
+		return nil, fmt.Errorf("gateway: backend limits: MaxContext %d is too small", lim.MaxContext)
+	}
+	if lim.MaxPromptTokens <= 0 || lim.MaxPromptTokens >= lim.MaxContext {
+		lim.MaxPromptTokens = lim.MaxContext - 1
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = 30 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	s := &Server{
+		cfg: cfg, backend: cfg.Backend, limits: lim, reg: reg,
+		m: newMetrics(cfg.Backend), log: cfg.Logger, now: cfg.Now,
+		idle: make(chan struct{}),
+	}
+	s.stop, s.stopNow = context.WithCancel(context.Background())
+	if src := cfg.Backend.ChatTemplate(); src != "" {
+		s.tmpl, s.tmplErr = chattmpl.Parse(src)
+		if s.tmplErr != nil {
+			s.log.Warn("chat template unusable; using the fallback format", "err", s.tmplErr)
+		}
+	}
+	s.routes()
+	return s, nil
+}
+
+func (s *Server) routes() {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", s.handle("chat", true, s.chatCompletions))
+	mux.HandleFunc("POST /v1/completions", s.handle("completions", true, s.completions))
+	mux.HandleFunc("GET /v1/models", s.handle("models", true, s.models))
+	mux.HandleFunc("POST /tokenize", s.handle("tokenize", true, s.tokenize))
+	mux.HandleFunc("POST /detokenize", s.handle("detokenize", true, s.detokenize))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		if s.isDraining() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			io.WriteString(w, "draining\n")
+			return
+		}
+		io.WriteString(w, "ready\n")
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/", s.handle("unknown", false, func(c *call) *apiError {
+		return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "not_found",
+			Message: "Unknown endpoint."}
+	}))
+	s.mux = mux
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// Metrics is the server's private Prometheus registry.
+func (s *Server) Metrics() *prometheus.Registry { return s.m.reg }
+
+// Reload swaps the tenant configuration atomically. Requests in flight keep
+// running under the tenant and quota grant they were admitted with; on
+// error the old configuration stays in force. cmd wires SIGHUP to this.
+func (s *Server) Reload(cfg *tenants.Config) error {
+	if err := s.reg.Reload(cfg); err != nil {
+		return fmt.Errorf("gateway: reload: %w", err)
+	}
+	s.log.Info("tenant configuration reloaded", "tenants", len(cfg.Tenants))
+	return nil
+}
+
+// Serve accepts connections on ln until Shutdown. Like http.Server.Serve
+// it returns http.ErrServerClosed after a shutdown.
+func (s *Server) Serve(ln net.Listener) error {
+	s.serveMu.Lock()
+	if s.httpSrv == nil {
+		s.httpSrv = &http.Server{
+			Handler:           s,
+			ReadHeaderTimeout: 10 * time.Second,
+			IdleTimeout:       120 * time.Second,
+			ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		}
+	}
+	hs := s.httpSrv
+	s.serveMu.Unlock()
+	return hs.Serve(ln)
+}
+
+// Start runs Serve in a goroutine and returns at once; errors other than
+// the normal end after Shutdown are logged.
+func (s *Server) Start(ln net.Listener) {
+	go func() {
+		if err := s.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("gateway: serve", "err", err)
+		}
+	}()
+}
+
+// Shutdown drains: /readyz turns 503 and new requests get 503, requests in
+// flight run to completion until ctx is done, then the rest are aborted
+// (streams end with an SSE error event, never [DONE]) and the listener is
+// closed. It returns ctx's error if the deadline cut requests short.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	if !s.draining {
+		s.draining = true
+		if s.active == 0 {
+			close(s.idle)
+		}
+	}
+	s.mu.Unlock()
+
+	var cut error
+	select {
+	case <-s.idle:
+	case <-ctx.Done():
+		cut = ctx.Err()
+		s.stopNow()
+		// Aborted handlers end promptly; give them a bounded moment to
+		// write their error events.
+		t := time.NewTimer(5 * time.Second)
+		select {
+		case <-s.idle:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	s.stopNow()
+
+	s.serveMu.Lock()
+	hs := s.httpSrv
+	s.serveMu.Unlock()
+	if hs != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if err := hs.Shutdown(sctx); err != nil {
+			hs.Close()
+		}
+	}
+	return cut
+}
+
+func (s *Server) isDraining() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.draining
+}
+
+// begin registers a handler as active unless the server is draining.
+func (s *Server) begin() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.draining {
+		return false
+	}
+	s.active++
+	return true
+}
+
+func (s *Server) end() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.active--
+	if s.draining && s.active == 0 {
+		close(s.idle)
+	}
+}
+
+// call is one HTTP request in progress: what the handler learnt, for the
+// log line and the metrics.
+type call struct {
+	s        *Server
+	w        http.ResponseWriter
+	r        *http.Request
+	ctx      context.Context // cancelled on client disconnect or drain deadline
+	endpoint string
+	start    time.Time
+	tenant   tenants.Tenant
+	id       request.ID
+	status   int
+	started  bool // a response byte was written
+
+	promptTokens, completionTokens, cachedTokens int
+	ttft                                         time.Duration
+	finish                                       string
+	err                                          error // internal cause, logged
+	promptText, outputText                       string
+}
+
+// handle wraps a handler: draining check, authentication, the single
+// error adapter, metrics and the request log line.
+func (s *Server) handle(endpoint string, auth bool, h func(*call) *apiError) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		c := &call{s: s, w: w, r: r, endpoint: endpoint, start: s.now()}
+		if !s.begin() {
+			c.fail(errDraining)
+			c.done()
+			return
+		}
+		defer s.end()
+		ctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		defer context.AfterFunc(s.stop, cancel)()
+		c.ctx = ctx
+		defer c.done()
+		if auth {
+			t, err := s.authenticate(r)
+			if err != nil {
+				c.fail(errUnauthorized)
+				return
+			}
+			c.tenant = t
+		}
+		if e := h(c); e != nil {
+			c.fail(e)
+		}
+	}
+}
+
+func (s *Server) authenticate(r *http.Request) (tenants.Tenant, error) {
+	h := r.Header.Get("Authorization")
+	const prefix = "Bearer "
+	if len(h) <= len(prefix) || !strings.EqualFold(h[:len(prefix)], prefix) {
+		return tenants.Tenant{}, tenants.ErrUnauthorized
+	}
+	return s.reg.Authenticate(strings.TrimSpace(h[len(prefix):]))
+}
+
+// fail sends e: as an HTTP error before the first byte, as an SSE error
+// event after it.
+func (c *call) fail(e *apiError) {
+	if e.Err != nil && c.err == nil {
+		c.err = e.Err
+	}
+	c.status = e.Status
+	if c.started {
+		writeSSEError(c.w, e)
+		return
+	}
+	c.started = true
+	writeAPIError(c.w, e)
+}
+
+func (c *call) done() {
+	s := c.s
+	if c.status == 0 {
+		c.status = http.StatusOK
+	}
+	tenant := c.tenant.ID
+	if tenant == "" {
+		tenant = "-"
+	}
+	s.m.requests.WithLabelValues(tenant, c.endpoint, strconv.Itoa(c.status)).Inc()
+	if c.endpoint != "chat" && c.endpoint != "completions" && c.status < 400 {
+		return // one line per generation request or failure, not per probe
+	}
+	attrs := []slog.Attr{
+		slog.String("tenant", tenant),
+		slog.String("endpoint", c.endpoint),
+		slog.Int("status", c.status),
+		slog.Duration("duration", s.now().Sub(c.start)),
+	}
+	if !c.id.IsZero() {
+		attrs = append(attrs, slog.String("id", c.id.String()),
+			slog.Int("prompt_tokens", c.promptTokens),
+			slog.Int("completion_tokens", c.completionTokens),
+			slog.Int("cached_tokens", c.cachedTokens),
+			slog.Duration("ttft", c.ttft),
+			slog.String("finish", c.finish))
+	}
+	if c.err != nil {
+		attrs = append(attrs, slog.String("err", c.err.Error()))
+	}
+	if s.cfg.LogPrompts {
+		attrs = append(attrs, slog.String("prompt", c.promptText), slog.String("output", c.outputText))
+	}
+	level := slog.LevelInfo
+	if c.status >= 500 {
+		level = slog.LevelError
+	}
+	s.log.LogAttrs(context.Background(), level, "request", attrs...)
+}
+
+// readBody reads the request body under the size cap.
+func (c *call) readBody() ([]byte, *apiError) {
+	body, err := io.ReadAll(http.MaxBytesReader(c.w, c.r.Body, c.s.cfg.MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "request_too_large",
+				Message: fmt.Sprintf("The request body is larger than %d bytes.", c.s.cfg.MaxBodyBytes)}
+		}
+		return nil, &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "invalid_body",
+			Message: "The request body could not be read.", Err: err}
+	}
+	return body, nil
+}
+
+// checkModel accepts the served model id or no model at all.
+func (c *call) checkModel(model string) *apiError {
+	if model == "" || model == c.s.backend.ModelID() {
+		return nil
+	}
+	return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found", Param: "model",
+		Message: fmt.Sprintf("The model %q does not exist on this server; it serves %q.", truncate(model, 64), c.s.backend.ModelID())}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}
+
+func utf8RuneStart(b byte) bool { return b&0xC0 != 0x80 }

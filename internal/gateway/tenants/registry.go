@@ -1,0 +1,248 @@
+package tenants
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ErrQuotaExceeded is wrapped by every *QuotaError.
+var ErrQuotaExceeded = errors.New("tenants: quota exceeded")
+
+// QuotaError says which quota refused a request and when to retry.
+type QuotaError struct {
+	Tenant     string
+	Limit      string        // "requests_per_minute", "tokens_per_minute", "max_concurrent", "max_kv_pages"
+	RetryAfter time.Duration // at least one second
+}
+
+func (e *QuotaError) Error() string {
+	return fmt.Sprintf("tenants: tenant %q exceeded %s; retry after %s", e.Tenant, e.Limit, e.RetryAfter)
+}
+
+func (e *QuotaError) Unwrap() error { return ErrQuotaExceeded }
+
+// Registry authenticates API keys and enforces quotas. The tenant set is an
+// immutable snapshot swapped atomically by Reload; quota state is kept per
+// tenant id across reloads so that a reload neither refills buckets nor
+// forgets requests in flight.
+type Registry struct {
+	snap atomic.Pointer[snapshot]
+
+	mu    sync.Mutex
+	usage map[string]*usage // by tenant id; guarded by mu
+}
+
+type snapshot struct {
+	keys []keyEntry
+	byID map[string]Tenant
+}
+
+type keyEntry struct {
+	hash   [32]byte
+	tenant string
+}
+
+type usage struct {
+	inflight int
+	pages    int
+	rpm      bucket
+	tpm      bucket
+}
+
+// bucket is a token bucket of capacity perMinute refilling at perMinute/60
+// per second. Its level may go negative when one request costs more than
+// the capacity: such a request is admitted on a full bucket and later ones
+// wait for the debt to be repaid, so a large request is slow, never
+// impossible.
+type bucket struct {
+	level float64
+	last  time.Time
+	init  bool
+}
+
+func (b *bucket) refill(now time.Time, perMinute int) {
+	c := float64(perMinute)
+	if !b.init {
+		b.level, b.last, b.init = c, now, true
+		return
+	}
+	if dt := now.Sub(b.last).Seconds(); dt > 0 {
+		b.level = math.Min(c, b.level+dt*c/60)
+		b.last = now
+	}
+	if b.level > c { // capacity lowered by a reload
+		b.level = c
+	}
+}
+
+// wait is how long until cost (capped at capacity) is available; 0 if now.
+func (b *bucket) wait(cost float64, perMinute int) time.Duration {
+	need := math.Min(cost, float64(perMinute))
+	if b.level >= need {
+		return 0
+	}
+	secs := (need - b.level) * 60 / float64(perMinute)
+	return time.Duration(math.Ceil(secs)) * time.Second
+}
+
+// NewRegistry validates cfg and builds a registry from it.
+func NewRegistry(cfg *Config) (*Registry, error) {
+	r := &Registry{usage: make(map[string]*usage)}
+	if err := r.Reload(cfg); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Reload validates cfg and swaps it in atomically. On error the previous
+// configuration stays in force. Requests already admitted keep running
+// under the grant they hold, even if their tenant is removed.
+func (r *Registry) Reload(cfg *Config) error {
+	if cfg == nil {
+		return fmt.Errorf("%w: nil", ErrInvalidConfig)
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	s := &snapshot{byID: make(map[string]Tenant, len(cfg.Tenants))}
+	for _, t := range cfg.Tenants {
+		t.APIKeySHA256 = append([]string(nil), t.APIKeySHA256...)
+		s.byID[t.ID] = t
+		for _, h := range t.APIKeySHA256 {
+			d, _ := parseHash(h) // validated above
+			s.keys = append(s.keys, keyEntry{hash: d, tenant: t.ID})
+		}
+	}
+	r.snap.Store(s)
+	return nil
+}
+
+// Authenticate maps an API key to its tenant. It hashes the key and
+// compares the digest with every configured hash in constant time, without
+// stopping at a match, so timing reveals neither which key matched nor how
+// many bytes of a guess were right.
+func (r *Registry) Authenticate(key string) (Tenant, error) {
+	s := r.snap.Load()
+	if key == "" {
+		return Tenant{}, ErrUnauthorized
+	}
+	d := sha256.Sum256([]byte(key))
+	match := -1
+	for i := range s.keys {
+		if subtle.ConstantTimeCompare(d[:], s.keys[i].hash[:]) == 1 {
+			match = i
+		}
+	}
+	if match < 0 {
+		return Tenant{}, ErrUnauthorized
+	}
+	return s.byID[s.keys[match].tenant], nil
+}
+
+// Tenant returns the current configuration of tenant id.
+func (r *Registry) Tenant(id string) (Tenant, bool) {
+	t, ok := r.snap.Load().byID[id]
+	return t, ok
+}
+
+// Grant is one admitted request's hold on its tenant's quota. Release it
+// exactly once when the request ends.
+type Grant struct {
+	r        *Registry
+	tenant   string
+	tokens   int
+	pages    int
+	released atomic.Bool
+}
+
+// Acquire admits one request of tenant costing tokens (prompt + max_tokens)
+// and pages (worst-case KV pages) under the tenant's current limits, or
+// returns a *QuotaError. Nothing is charged when it refuses.
+func (r *Registry) Acquire(now time.Time, tenant string, tokens, pages int) (*Grant, error) {
+	t, ok := r.Tenant(tenant)
+	if !ok {
+		// Removed by a reload between authentication and admission.
+		return nil, ErrUnauthorized
+	}
+	l := t.Limits
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	u := r.usage[tenant]
+	if u == nil {
+		u = &usage{}
+		r.usage[tenant] = u
+	}
+	refuse := func(limit string, after time.Duration) error {
+		if after < time.Second {
+			after = time.Second
+		}
+		return &QuotaError{Tenant: tenant, Limit: limit, RetryAfter: after}
+	}
+	if l.MaxConcurrent > 0 && u.inflight >= l.MaxConcurrent {
+		return nil, refuse("max_concurrent", time.Second)
+	}
+	if l.MaxKVPages > 0 && u.pages+pages > l.MaxKVPages && u.inflight > 0 {
+		// A request larger than the whole budget is admitted alone:
+		// refusing it forever would be a silent denial.
+		return nil, refuse("max_kv_pages", time.Second)
+	}
+	if l.RequestsPerMinute > 0 {
+		u.rpm.refill(now, l.RequestsPerMinute)
+		if w := u.rpm.wait(1, l.RequestsPerMinute); w > 0 {
+			return nil, refuse("requests_per_minute", w)
+		}
+	}
+	if l.TokensPerMinute > 0 {
+		u.tpm.refill(now, l.TokensPerMinute)
+		if w := u.tpm.wait(float64(tokens), l.TokensPerMinute); w > 0 {
+			return nil, refuse("tokens_per_minute", w)
+		}
+	}
+	if l.RequestsPerMinute > 0 {
+		u.rpm.level--
+	}
+	if l.TokensPerMinute > 0 {
+		u.tpm.level -= float64(tokens)
+	}
+	u.inflight++
+	u.pages += pages
+	return &Grant{r: r, tenant: tenant, tokens: tokens, pages: pages}, nil
+}
+
+// Release returns the grant's concurrency slot and pages, and refunds the
+// tokens it charged but did not use (used is prompt + completion tokens
+// actually processed). Calls after the first do nothing.
+func (g *Grant) Release(now time.Time, used int) {
+	if g == nil || !g.released.CompareAndSwap(false, true) {
+		return
+	}
+	r := g.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	u := r.usage[g.tenant]
+	u.inflight--
+	u.pages -= g.pages
+	if unused := g.tokens - used; unused > 0 && u.tpm.init {
+		l, _ := r.Tenant(g.tenant)
+		if l.Limits.TokensPerMinute > 0 {
+			u.tpm.refill(now, l.Limits.TokensPerMinute)
+			u.tpm.level = math.Min(float64(l.Limits.TokensPerMinute), u.tpm.level+float64(unused))
+		}
+	}
+}
+
+// InFlight is the number of admitted, unreleased requests of tenant.
+func (r *Registry) InFlight(tenant string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if u := r.usage[tenant]; u != nil {
+		return u.inflight
+	}
+	return 0
+}
