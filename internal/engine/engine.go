@@ -15,15 +15,14 @@ import (
 	"github.com/pagewarden/pagewarden/internal/kvcache"
 	"github.com/pagewarden/pagewarden/internal/model"
 	"github.com/pagewarden/pagewarden/internal/request"
-	"github.com/pagewarden/pagewarden/internal/sample"
 )
 
 // Options configure an Engine. The zero value is usable.
 type Options struct {
-	Threads      int               // compute threads; 0 means 1
-	PageSize     int               // tokens per KV page; 0 means 16
-	Pages        int               // KV pages; 0 means enough for one full context
-	KVType       kvcache.DType     // F32 (default) or F16
+	Threads      int           // compute threads; 0 means 1
+	PageSize     int           // tokens per KV page; 0 means 16
+	Pages        int           // KV pages; 0 means enough for one full context
+	KVType       kvcache.DType // F32 (default) or F16
 	Scrub        kvcache.ScrubPolicy
 	AllowNoScrub bool
 	PrefillChunk int // tokens per prefill forward pass; 0 means 256
@@ -123,10 +122,7 @@ func (e *Engine) Generate(ctx context.Context, owner request.Owner, prompt []int
 	}
 	seq := e.KV.NewSequence(owner)
 	defer e.KV.Release(seq)
-	smp := sample.New(cfg)
-	for _, t := range prompt {
-		smp.Accept(t)
-	}
+	history := append(make([]int, 0, len(prompt)+maxTokens), prompt...)
 	tok := e.Model.Tokenizer
 	start := time.Now()
 	var logits []float32
@@ -148,7 +144,7 @@ func (e *Engine) Generate(ctx context.Context, owner request.Owner, prompt []int
 	st.Prefill = time.Since(start)
 	decodeStart := time.Now()
 	for st.GeneratedTokens < maxTokens {
-		next := smp.Sample(logits)
+		next := Draw(cfg, st.GeneratedTokens, history, logits)
 		if tok.IsEOG(next) {
 			st.Decode = time.Since(decodeStart)
 			return st, request.FinishStop, nil
@@ -157,7 +153,7 @@ func (e *Engine) Generate(ctx context.Context, owner request.Owner, prompt []int
 			decodeStart = time.Now()
 		}
 		st.GeneratedTokens++
-		smp.Accept(next)
+		history = append(history, next)
 		if err := emit(next); err != nil {
 			return st, request.FinishAbort, err
 		}

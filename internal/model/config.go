@@ -78,8 +78,8 @@ func (c *Config) Validate() error {
 	case c.RopeFreqFactors != nil && len(c.RopeFreqFactors) != c.RopeDims/2:
 		return fmt.Errorf("%w: %d rope frequency factors for %d rotated dims", ErrBadConfig, len(c.RopeFreqFactors), c.RopeDims)
 	case c.Layers > 1024 || c.Dim > 1<<16 || c.HeadDim > 1024 || c.Heads > 1024 || c.FFN > 1<<18 || c.Vocab > 1<<22 || c.ContextLength > 1<<24:
-		return fmt.Errorf("%w: sizes beyond what this engine supports (layers %d, dim %d, ffn %d, vocab %d, ctx %d)",
-			ErrBadConfig, c.Layers, c.Dim, c.FFN, c.Vocab, c.ContextLength)
+		return fmt.Errorf("%w: sizes beyond what this engine supports (layers %d, dim %d, heads %d, head dim %d, ffn %d, vocab %d, ctx %d)",
+			ErrBadConfig, c.Layers, c.Dim, c.Heads, c.HeadDim, c.FFN, c.Vocab, c.ContextLength)
 	}
 	return nil
 }

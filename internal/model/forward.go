@@ -88,6 +88,12 @@ func (m *Model) Forward(pool *kernels.Pool, in []Input, s *Scratch) ([][]float32
 			}
 			return nil, fmt.Errorf("%w: input %d has %d tokens for a window of %d", ErrBadInput, i, len(it.Tokens), n)
 		}
+		// A pool shaped for another model would be written out of
+		// bounds (or worse, silently read with the wrong stride).
+		if l := it.View.Layout(); l.Layers != c.Layers || l.KVHeads != c.KVHeads || l.HeadDim != c.HeadDim {
+			return nil, fmt.Errorf("%w: input %d's pool has %d layers of %d kv heads x %d, the model %d of %d x %d",
+				ErrKVLayout, i, l.Layers, l.KVHeads, l.HeadDim, c.Layers, c.KVHeads, c.HeadDim)
+		}
 		if it.View.Start()+len(it.Tokens) > c.ContextLength {
 			return nil, fmt.Errorf("%w: input %d reaches position %d beyond the context length %d",
 				ErrBadInput, i, it.View.Start()+len(it.Tokens), c.ContextLength)

@@ -1,0 +1,241 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pagewarden/pagewarden/internal/gateway"
+	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
+	"github.com/pagewarden/pagewarden/internal/invariants"
+	"github.com/pagewarden/pagewarden/internal/kvcache"
+	"github.com/pagewarden/pagewarden/internal/node"
+	"github.com/pagewarden/pagewarden/internal/request"
+	"github.com/pagewarden/pagewarden/internal/sched"
+)
+
+func init() { extraCommands = append(extraCommands, serveCmd, capacityCmd) }
+
+// nodeFlags are the serving flags shared by serve and capacity.
+type nodeFlags struct {
+	modelFlags
+	kvMemory     string
+	maxContext   int
+	margin       float64
+	scrub        string
+	allowNoScrub bool
+	prefixCache  bool
+	batchTokens  int
+	maxRunning   int
+}
+
+func (f *nodeFlags) register(c *cobra.Command) {
+	f.modelFlags.register(c)
+	c.Flags().StringVar(&f.kvMemory, "kv-memory", "", "KV cache budget, e.g. 512MiB or 4GiB (default: a quarter of available memory, at most 16 context windows)")
+	c.Flags().IntVar(&f.maxContext, "max-context", 0, "advertised context window in tokens (default: the model's)")
+	c.Flags().Float64Var(&f.margin, "kv-safety-margin", sched.DefaultSafetyMargin, "refuse to start unless the KV cache holds this many full windows")
+	c.Flags().StringVar(&f.scrub, "scrub", "zero", "what released KV pages are filled with: zero, poison (NaN, for testing) or none (needs --allow-no-scrub)")
+	c.Flags().BoolVar(&f.allowNoScrub, "allow-no-scrub", false, "permit --scrub none (released pages keep their data)")
+	c.Flags().BoolVar(&f.prefixCache, "prefix-cache", true, "share full prompt pages between requests of the same tenant")
+	c.Flags().IntVar(&f.batchTokens, "max-batch-tokens", 512, "tokens per scheduler step (decode tokens plus prefill chunks)")
+	c.Flags().IntVar(&f.maxRunning, "max-running", 64, "sequences running at once over all tenants")
+}
+
+func (f *nodeFlags) options() (node.Options, error) {
+	if err := f.modelFlags.validate(); err != nil {
+		return node.Options{}, err
+	}
+	kvType, _ := f.kvDType()
+	o := node.Options{
+		Threads: f.threads, PageSize: f.pageSize, KVType: kvType, MaxContext: f.maxContext,
+		SafetyMargin: f.margin, AllowNoScrub: f.allowNoScrub, PrefixCache: f.prefixCache,
+		MaxBatchTokens: f.batchTokens, MaxRunning: f.maxRunning,
+	}
+	if f.kvMemory != "" {
+		b, err := kvcache.ParseBytes(f.kvMemory)
+		if err != nil {
+			return o, usagef("--kv-memory %q: %v", f.kvMemory, err)
+		}
+		o.KVMemory = b
+	}
+	if f.maxContext < 0 {
+		return o, usagef("--max-context %d: want a positive window (0 for the model's)", f.maxContext)
+	}
+	if !(f.margin >= 1) {
+		return o, usagef("--kv-safety-margin %g: want 1 or more", f.margin)
+	}
+	s, err := kvcache.ParseScrubPolicy(f.scrub)
+	if err != nil {
+		return o, usagef("--scrub %q: %v", f.scrub, err)
+	}
+	if s == kvcache.ScrubNone && !f.allowNoScrub {
+		return o, usagef("--scrub none leaves other tenants' data in released pages; add --allow-no-scrub to accept that")
+	}
+	o.Scrub = s
+	if f.batchTokens < 1 || f.maxRunning < 1 {
+		return o, usagef("--max-batch-tokens and --max-running must be at least 1")
+	}
+	return o, nil
+}
+
+func capacityCmd() *cobra.Command {
+	var nf nodeFlags
+	c := &cobra.Command{
+		Use:   "capacity",
+		Short: "Print the KV cache capacity and the served limits without starting a server",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o, err := nf.options()
+			if err != nil {
+				return err
+			}
+			m, err := nf.load()
+			if err != nil {
+				return err
+			}
+			defer m.Close()
+			capa, err := node.Plan(m, o)
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "model            %s (%s, %d layers, %d kv heads x %d, context %d)\n", m.Name, m.WeightType, m.Config.Layers, m.Config.KVHeads, m.Config.HeadDim, m.Config.ContextLength)
+			fmt.Fprintf(out, "kv memory        %d bytes (%.1f MiB)\n", capa.KVMemory, float64(capa.KVMemory)/(1<<20))
+			fmt.Fprintf(out, "pages            %d\n", capa.Pages)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "%s\n", capa.Limits)
+			return nil
+		},
+	}
+	nf.register(c)
+	return c
+}
+
+func serveCmd() *cobra.Command {
+	var nf nodeFlags
+	var listen, configPath string
+	var drain time.Duration
+	var logPrompts bool
+	var maxBody int64
+	c := &cobra.Command{
+		Use:   "serve",
+		Short: "Serve the OpenAI-compatible API (gateway, scheduler and engine in one process)",
+		Long: `Serve the OpenAI-compatible API on --listen. Tenants come from --config (YAML,
+reloaded on SIGHUP); without it one tenant is created and its API key printed
+once on stderr.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o, err := nf.options()
+			if err != nil {
+				return err
+			}
+			logger := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), nil))
+			// In production a broken invariant aborts the request it
+			// touched and is counted; it must not crash every tenant.
+			invariants.SetStrict(false)
+			var tcfg *tenants.Config
+			if configPath != "" {
+				if tcfg, err = loadTenants(configPath); err != nil {
+					return err
+				}
+			} else {
+				var key string
+				if tcfg, key, err = tenants.Default(); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.ErrOrStderr(), "no --config: one tenant %q; its API key (shown once): %s\n", tenants.DefaultTenantID, key)
+			}
+			var current atomic.Pointer[tenants.Config]
+			current.Store(tcfg)
+			o.Policy = func(t request.Tenant) sched.TenantPolicy {
+				for _, tn := range current.Load().Tenants {
+					if tn.ID == string(t) {
+						return sched.TenantPolicy{MaxPages: tn.Limits.MaxKVPages, MaxRunning: tn.Limits.MaxConcurrent, Priority: tn.Limits.Priority}
+					}
+				}
+				return sched.TenantPolicy{}
+			}
+			m, err := nf.load()
+			if err != nil {
+				return err
+			}
+			n, err := node.Start(m, o)
+			if err != nil {
+				m.Close()
+				return err
+			}
+			defer n.Close()
+			srv, err := gateway.New(gateway.Config{Backend: n, Tenants: tcfg, Logger: logger, LogPrompts: logPrompts, MaxBodyBytes: maxBody})
+			if err != nil {
+				return err
+			}
+			ln, err := net.Listen("tcp", listen)
+			if err != nil {
+				return err
+			}
+			logger.Info("serving", "addr", ln.Addr().String(), "model", m.Name, "limits", n.SchedLimits().String())
+			fmt.Fprintf(cmd.ErrOrStderr(), "listening on http://%s\n", ln.Addr())
+			srv.Start(ln)
+
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
+			for {
+				select {
+				case <-hup:
+					if configPath == "" {
+						logger.Warn("SIGHUP ignored: no --config to reload")
+						continue
+					}
+					nc, err := loadTenants(configPath)
+					if err == nil {
+						err = srv.Reload(nc)
+					}
+					if err != nil {
+						logger.Error("tenant config reload failed; keeping the old one", "err", err)
+						continue
+					}
+					current.Store(nc)
+					logger.Info("tenant config reloaded", "tenants", len(nc.Tenants))
+				case <-cmd.Context().Done():
+					logger.Info("draining", "deadline", drain.String())
+					ctx, cancel := context.WithTimeout(context.Background(), drain)
+					err := srv.Shutdown(ctx)
+					cancel()
+					if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+						return err
+					}
+					return nil
+				}
+			}
+		},
+	}
+	nf.register(c)
+	c.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address to serve on")
+	c.Flags().StringVar(&configPath, "config", "", "tenant configuration (YAML); reloaded on SIGHUP")
+	c.Flags().DurationVar(&drain, "drain-timeout", 30*time.Second, "how long shutdown waits for in-flight requests")
+	c.Flags().BoolVar(&logPrompts, "log-prompts", false, "log prompt and output text (debug only: prompts are customer data)")
+	c.Flags().Int64Var(&maxBody, "max-body-bytes", gateway.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")
+	return c
+}
+
+func loadTenants(path string) (*tenants.Config, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	cfg, err := tenants.Parse(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return cfg, nil
+}

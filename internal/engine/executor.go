@@ -1,0 +1,85 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/pagewarden/pagewarden/internal/model"
+	"github.com/pagewarden/pagewarden/internal/request"
+	"github.com/pagewarden/pagewarden/internal/sample"
+	"github.com/pagewarden/pagewarden/internal/sched"
+)
+
+// Executor runs the scheduler's batches on the model: one forward pass over
+// every item of a step (prefill chunks and decode tokens of many tenants
+// together), then one sample per item that asks for it.
+type Executor struct {
+	e *Engine
+}
+
+var _ sched.Executor = (*Executor)(nil)
+
+// Executor returns the engine's batch executor. The scheduler drives it
+// from one goroutine; the engine must not be used for Generate meanwhile.
+func (e *Engine) Executor() *Executor { return &Executor{e: e} }
+
+// Execute implements sched.Executor.
+func (x *Executor) Execute(ctx context.Context, b *sched.Batch) ([]sched.Outcome, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	in := make([]model.Input, len(b.Items))
+	for i := range b.Items {
+		it := &b.Items[i]
+		mode := model.LogitsNone
+		if it.Sample {
+			mode = model.LogitsLast
+		}
+		in[i] = model.Input{Tokens: it.Tokens, View: it.View, Logits: mode}
+	}
+	logits, err := x.e.Model.Forward(x.e.Compute, in, &x.e.scratch)
+	if err != nil {
+		return nil, fmt.Errorf("engine: step %d: %w", b.Step, err)
+	}
+	out := make([]sched.Outcome, len(b.Items))
+	for i := range b.Items {
+		it := &b.Items[i]
+		if !it.Sample {
+			continue
+		}
+		out[i].Token = sampleItem(it, logits[i])
+	}
+	return out, nil
+}
+
+// sampleItem draws the next token of one item.
+func sampleItem(it *sched.Item, logits []float32) int {
+	return Draw(it.Sampling, it.SampleIndex, it.History, logits)
+}
+
+// Draw picks generated token number index from logits. The generator is
+// seeded from the request's seed and index, so a sequence recomputed after
+// preemption (or run by another path: the run command, a server) draws
+// exactly the same tokens. history feeds the repetition penalty.
+func Draw(cfg request.Sampling, index int, history []int, logits []float32) int {
+	penalty := cfg.RepetitionPenalty != 0 && cfg.RepetitionPenalty != 1
+	if !(cfg.Temperature > 0) && !penalty {
+		return sample.Argmax(logits)
+	}
+	cfg.Seed = mixSeed(cfg.Seed, uint64(index))
+	s := sample.New(cfg)
+	if penalty {
+		for _, t := range history {
+			s.Accept(t)
+		}
+	}
+	return s.Sample(logits)
+}
+
+// mixSeed derives a per-token seed (splitmix64 finaliser).
+func mixSeed(seed, index uint64) uint64 {
+	z := seed + (index+1)*0x9e3779b97f4a7c15
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
+}

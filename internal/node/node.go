@@ -1,0 +1,294 @@
+// Package node wires one model, its engine, a KV page pool and the
+// scheduler into a serving node, and presents it to the gateway as a
+// gateway.Backend. The gateway, admission and the scheduler all check the
+// one sched.Limits computed here at start-up (invariant I5).
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pagewarden/pagewarden/internal/engine"
+	"github.com/pagewarden/pagewarden/internal/gateway"
+	"github.com/pagewarden/pagewarden/internal/kvcache"
+	"github.com/pagewarden/pagewarden/internal/model"
+	"github.com/pagewarden/pagewarden/internal/request"
+	"github.com/pagewarden/pagewarden/internal/sched"
+)
+
+// Options configure a Node. Zero values take the defaults noted.
+type Options struct {
+	Threads  int           // compute threads (default 1)
+	PageSize int           // tokens per KV page (default 16)
+	KVType   kvcache.DType // F32 (default) or F16
+	// KVMemory is the KV cache budget in bytes. 0 sizes it from the
+	// machine: a quarter of available memory, but no more than 16 full
+	// context windows.
+	KVMemory int64
+	// MaxContext is the advertised window; 0 means the model's.
+	MaxContext   int
+	SafetyMargin float64 // default sched.DefaultSafetyMargin
+	Scrub        kvcache.ScrubPolicy
+	AllowNoScrub bool
+	PrefixCache  bool
+	// MaxBatchTokens, MaxRunning, MaxQueued, MaxQueuedPerTenant and
+	// MaxQueueWait pass through to the scheduler.
+	MaxBatchTokens     int
+	MaxRunning         int
+	MaxQueued          int
+	MaxQueuedPerTenant int
+	MaxQueueWait       time.Duration
+	// Policy gives each tenant's share of the node (nil: none).
+	Policy func(request.Tenant) sched.TenantPolicy
+}
+
+// Node is a running all-in-one node. It implements gateway.Backend and
+// gateway.StatsSource.
+type Node struct {
+	model  *model.Model
+	engine *engine.Engine
+	sched  *sched.Node
+	limits sched.Limits
+	done   chan error
+	cancel context.CancelFunc
+}
+
+var (
+	_ gateway.Backend     = (*Node)(nil)
+	_ gateway.StatsSource = (*Node)(nil)
+)
+
+// Capacity is what start-up computes, printed by `pagewarden capacity`.
+type Capacity struct {
+	KVMemory int64
+	Pages    int
+	Limits   sched.Limits
+}
+
+// Plan computes the pool size and the limits for m under o without
+// allocating the pool. It fails, with the numbers and the flag to change,
+// when the advertised window does not fit the KV budget with the margin.
+func Plan(m *model.Model, o Options) (Capacity, error) {
+	o = o.withDefaults()
+	c := m.Config
+	layout := kvcache.Layout{Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, PageSize: o.PageSize, DType: o.KVType}
+	if err := layout.Validate(); err != nil {
+		return Capacity{}, err
+	}
+	mem := o.KVMemory
+	if mem <= 0 {
+		mem = defaultKVMemory(layout, c.ContextLength)
+	}
+	pages := kvcache.PagesForMemory(layout, mem)
+	lim, err := sched.ComputeLimits(sched.ModelShape{ContextLength: c.ContextLength, Vocab: c.Vocab}, layout, pages, o.MaxContext, o.SafetyMargin)
+	if err != nil {
+		return Capacity{KVMemory: mem, Pages: pages}, err
+	}
+	return Capacity{KVMemory: mem, Pages: pages, Limits: lim}, nil
+}
+
+func (o Options) withDefaults() Options {
+	if o.Threads <= 0 {
+		o.Threads = 1
+	}
+	if o.PageSize <= 0 {
+		o.PageSize = kvcache.DefaultPageSize
+	}
+	if o.SafetyMargin == 0 {
+		o.SafetyMargin = sched.DefaultSafetyMargin
+	}
+	return o
+}
+
+// defaultKVMemory is a quarter of available memory, capped at 16 full
+// context windows (more is wasted on a CPU node), and at least one page.
+func defaultKVMemory(l kvcache.Layout, ctx int) int64 {
+	perWindow := int64((ctx+l.PageSize-1)/l.PageSize) * l.PageBytes()
+	want := 16 * perWindow
+	if avail := availableMemory(); avail > 0 && avail/4 < want {
+		want = avail / 4
+	}
+	return max(want, l.PageBytes())
+}
+
+// availableMemory reads MemAvailable from /proc/meminfo; 0 if unknown.
+func availableMemory() int64 {
+	data, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
+			f := strings.Fields(rest)
+			if len(f) >= 1 {
+				kb, err := strconv.ParseInt(f[0], 10, 64)
+				if err == nil {
+					return kb << 10
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// Start builds the pool, the engine and the scheduler for m and starts the
+// scheduler loop. The node owns m from now on and closes it in Close.
+func Start(m *model.Model, o Options) (*Node, error) {
+	o = o.withDefaults()
+	capa, err := Plan(m, o)
+	if err != nil {
+		return nil, err
+	}
+	eng, err := engine.New(m, engine.Options{
+		Threads: o.Threads, PageSize: o.PageSize, Pages: capa.Pages, KVType: o.KVType,
+		Scrub: o.Scrub, AllowNoScrub: o.AllowNoScrub,
+	})
+	if err != nil {
+		return nil, err
+	}
+	var end []int
+	for id := 0; id < m.Tokenizer.VocabSize(); id++ {
+		if m.Tokenizer.IsEOG(id) {
+			end = append(end, id)
+		}
+	}
+	sn, err := sched.NewNode(sched.NodeConfig{
+		Core: sched.Config{
+			Limits: capa.Limits, Pool: eng.KV,
+			MaxBatchTokens: o.MaxBatchTokens, MaxRunning: o.MaxRunning,
+			MaxQueued: o.MaxQueued, MaxQueuedPerTenant: o.MaxQueuedPerTenant, MaxQueueWait: o.MaxQueueWait,
+			EndTokens: end, PrefixCache: o.PrefixCache, Policy: o.Policy,
+		},
+		Executor: eng.Executor(),
+	})
+	if err != nil {
+		eng.Close()
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	n := &Node{model: m, engine: eng, sched: sn, limits: capa.Limits, done: make(chan error, 1), cancel: cancel}
+	go func() { n.done <- sn.Run(ctx) }()
+	return n, nil
+}
+
+// Close stops the scheduler (aborting what is still running), then frees
+// the engine and the model.
+func (n *Node) Close() error {
+	n.cancel()
+	err := <-n.done
+	n.engine.Close()
+	if cerr := n.model.Close(); err == nil {
+		err = cerr
+	}
+	if errors.Is(err, context.Canceled) {
+		err = nil
+	}
+	return err
+}
+
+// SchedLimits is the node's one set of limits.
+func (n *Node) SchedLimits() sched.Limits { return n.limits }
+
+// Model is the served model.
+func (n *Node) Model() *model.Model { return n.model }
+
+// Stats snapshots the scheduler and pool through the scheduler loop.
+func (n *Node) Stats(ctx context.Context) (sched.NodeStats, error) { return n.sched.Stats(ctx) }
+
+// ModelID implements gateway.Backend.
+func (n *Node) ModelID() string { return n.model.Name }
+
+// Limits implements gateway.Backend.
+func (n *Node) Limits() gateway.Limits {
+	return gateway.Limits{MaxContext: n.limits.MaxContext, MaxPromptTokens: n.limits.MaxPromptTokens, PageSize: n.limits.PageSize}
+}
+
+// Tokenize implements gateway.Backend.
+func (n *Node) Tokenize(text string, addSpecial, parseSpecial bool) ([]int, error) {
+	return n.model.Tokenizer.Encode(text, addSpecial, parseSpecial), nil
+}
+
+// Detokenize implements gateway.Backend.
+func (n *Node) Detokenize(ids []int) (string, error) {
+	v := n.model.Tokenizer.VocabSize()
+	for _, id := range ids {
+		if id < 0 || id >= v {
+			return "", fmt.Errorf("token id %d is outside the vocabulary (0..%d)", id, v-1)
+		}
+	}
+	return n.model.Tokenizer.Decode(ids), nil
+}
+
+// TokenPiece implements gateway.Backend.
+func (n *Node) TokenPiece(id int) []byte {
+	if id < 0 || id >= n.model.Tokenizer.VocabSize() {
+		return nil
+	}
+	return n.model.Tokenizer.Piece(id)
+}
+
+// ChatTemplate implements gateway.Backend.
+func (n *Node) ChatTemplate() string { return n.model.ChatTemplate }
+
+// BOS implements gateway.Backend.
+func (n *Node) BOS() int { return n.model.Tokenizer.BOS() }
+
+// EOS implements gateway.Backend.
+func (n *Node) EOS() int { return n.model.Tokenizer.EOS() }
+
+// IsEOG implements gateway.Backend.
+func (n *Node) IsEOG(id int) bool { return n.model.Tokenizer.IsEOG(id) }
+
+// Submit implements gateway.Backend.
+func (n *Node) Submit(ctx context.Context, p request.Params) (gateway.Stream, error) {
+	s, err := n.sched.Submit(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Abort implements gateway.Backend.
+func (n *Node) Abort(tenant request.Tenant, id request.ID) error { return n.sched.Abort(tenant, id) }
+
+// statsTimeout bounds how long a metrics scrape waits for the scheduler
+// loop, which answers between steps.
+const statsTimeout = 2 * time.Second
+
+func (n *Node) snapshot() (sched.NodeStats, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), statsTimeout)
+	defer cancel()
+	st, err := n.sched.Stats(ctx)
+	return st, err == nil
+}
+
+// PoolStats implements gateway.StatsSource.
+func (n *Node) PoolStats() gateway.PoolStats {
+	st, ok := n.snapshot()
+	if !ok {
+		return gateway.PoolStats{}
+	}
+	return gateway.PoolStats{
+		PagesTotal: st.Pool.TotalPages, PagesFree: st.Pool.FreePages + st.Pool.CachedPages,
+		PagesUsed:        st.Pool.OwnedPages + st.Pool.SharedPages - st.Pool.CachedPages,
+		PagesQuarantined: st.Pool.QuarantinedPages,
+		QueueDepth:       st.Core.Queued, Running: st.Core.Running,
+	}
+}
+
+// IsolationViolations implements gateway.StatsSource.
+func (n *Node) IsolationViolations() uint64 {
+	st, _ := n.snapshot()
+	return st.Pool.Violations
+}
+
+// AbortedButCompleted implements gateway.StatsSource.
+func (n *Node) AbortedButCompleted() uint64 {
+	st, _ := n.snapshot()
+	return st.Core.AbortedButCompleted
+}

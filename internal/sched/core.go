@@ -1,0 +1,962 @@
+package sched
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/pagewarden/pagewarden/internal/invariants"
+	"github.com/pagewarden/pagewarden/internal/kvcache"
+	"github.com/pagewarden/pagewarden/internal/request"
+)
+
+// Errors of the core that are not request outcomes.
+var (
+	// ErrDuplicate: a request with the same owner is already known.
+	ErrDuplicate = errors.New("sched: duplicate request id")
+	// ErrBatch: Advance was given something other than the batch in
+	// flight.
+	ErrBatch = errors.New("sched: advance does not match the batch in flight")
+	// ErrConfig: the core's configuration is unusable.
+	ErrConfig = errors.New("sched: invalid configuration")
+)
+
+// TenantPolicy is a tenant's configured share of the node. Zero values mean
+// "no cap beyond the node's own".
+type TenantPolicy struct {
+	// MaxPages caps the KV pages the tenant's running sequences hold at
+	// once. A request that could never fit under it is refused with
+	// request.ErrQuota at submission.
+	MaxPages int
+	// MaxRunning caps the tenant's sequences running at once.
+	MaxRunning int
+	// MaxQueued caps the tenant's waiting requests (0: the node's
+	// MaxQueuedPerTenant); beyond it, request.ErrOverloaded.
+	MaxQueued int
+	// Priority orders tenants when pages are short: higher is scheduled
+	// first and preempted last. Params.Priority orders within it.
+	Priority int
+}
+
+// Config configures a Core. Zero values take the defaults noted.
+type Config struct {
+	Limits Limits        // required, from ComputeLimits
+	Pool   *kvcache.Pool // required; the core is its only driver
+	// MaxBatchTokens is the token budget of one step: decode tokens
+	// first, then prefill chunks (default 512).
+	MaxBatchTokens int
+	// MaxRunning caps sequences running at once over all tenants
+	// (default 256).
+	MaxRunning int
+	// MaxQueued caps waiting requests over all tenants (default 4096) and
+	// MaxQueuedPerTenant each tenant's (default 256).
+	MaxQueued          int
+	MaxQueuedPerTenant int
+	// MaxQueueWait rejects a request (request.ErrOverloaded) that waited
+	// longer than this for its first step; 0 waits forever. Preempted
+	// requests are never timed out this way: they already ran.
+	MaxQueueWait time.Duration
+	// WatermarkPages are kept free for running sequences to grow into
+	// when starting new ones (default UsablePages/100, at least 1), so
+	// that admitting does not immediately force preemption. Negative
+	// means none.
+	WatermarkPages int
+	// EndTokens end generation for every request (the model's
+	// end-of-generation tokens), besides each request's StopTokens.
+	EndTokens []int
+	// PrefixCache serves prompt pages a tenant computed before from the
+	// pool's tenant-scoped prefix cache and publishes new ones.
+	PrefixCache bool
+	// Policy gives each tenant's share; nil gives everyone the zero
+	// policy. It is called once when a tenant becomes active and must be
+	// deterministic.
+	Policy func(request.Tenant) TenantPolicy
+}
+
+func (c *Config) withDefaults() {
+	if c.MaxBatchTokens == 0 {
+		c.MaxBatchTokens = 512
+	}
+	if c.MaxRunning == 0 {
+		c.MaxRunning = 256
+	}
+	if c.MaxQueued == 0 {
+		c.MaxQueued = 4096
+	}
+	if c.MaxQueuedPerTenant == 0 {
+		c.MaxQueuedPerTenant = 256
+	}
+	switch {
+	case c.WatermarkPages == 0:
+		c.WatermarkPages = max(1, c.Limits.UsablePages/100)
+	case c.WatermarkPages < 0:
+		c.WatermarkPages = 0
+	}
+}
+
+// Validate reports whether the configuration is usable.
+func (c *Config) Validate() error {
+	switch {
+	case c.Pool == nil:
+		return fmt.Errorf("%w: no KV pool", ErrConfig)
+	case c.Limits.MaxContext <= 0:
+		return fmt.Errorf("%w: limits not computed", ErrConfig)
+	case c.Limits.PageSize != c.Pool.Layout().PageSize || c.Limits.TotalPages != c.Pool.TotalPages():
+		return fmt.Errorf("%w: limits were computed for %d pages of %d tokens, the pool has %d of %d",
+			ErrConfig, c.Limits.TotalPages, c.Limits.PageSize, c.Pool.TotalPages(), c.Pool.Layout().PageSize)
+	case c.MaxBatchTokens < 1 || c.MaxRunning < 1 || c.MaxQueued < 0 || c.MaxQueuedPerTenant < 0 || c.MaxQueueWait < 0:
+		return fmt.Errorf("%w: batch tokens %d, running %d, queued %d/%d per tenant, watermark %d, queue wait %v",
+			ErrConfig, c.MaxBatchTokens, c.MaxRunning, c.MaxQueued, c.MaxQueuedPerTenant, c.WatermarkPages, c.MaxQueueWait)
+	}
+	return nil
+}
+
+// req is the core's record of one request. Its state lives in life and
+// nowhere else.
+type req struct {
+	owner  request.Owner
+	adm    Admitted
+	params *request.Params // the admitted copy, read-only
+	life   Lifecycle
+	tenant *tenant
+	prio   [2]int // tenant priority, request priority
+
+	tokens    []int // prompt, then every emitted token
+	generated int   // tokens sampled, a final stop token included
+	computed  int   // positions whose KV is written (== seq.Len())
+	seq       *kvcache.Sequence
+	pages     int // pages charged to the tenant (seq.NumPages())
+
+	order       uint64 // arrival number: FIFO and the last tie-break
+	started     uint64 // step in which it last started running
+	scheduled   uint64 // step in which it was last put in a batch
+	enqueued    time.Time
+	inFlight    bool
+	queued      bool
+	preemptions int
+	cached      int  // prompt positions served by the prefix cache
+	delivered   bool // its Result was handed out by Ready
+}
+
+// tenant is the per-tenant scheduling state.
+type tenant struct {
+	name    request.Tenant
+	policy  TenantPolicy
+	queue   []*req // FIFO; preempted requests go back to the front
+	running int
+	pages   int
+	served  uint64 // step it last started a sequence (round-robin tie-break)
+	skip    uint64 // step in which its head could not start under its own caps
+}
+
+// Stats are the core's counters and gauges.
+type Stats struct {
+	Queued, Running int
+	Steps           uint64
+	Submitted       uint64
+	Rejected        uint64 // at submission (quota, overload) or queue timeout
+	Finished        uint64
+	Aborted         uint64
+	Preemptions     uint64
+	// AbortedButCompleted counts requests that reached Finished after an
+	// abort; the state machine makes it impossible, and it must stay 0.
+	AbortedButCompleted uint64
+}
+
+// mutant selects a deliberately broken behaviour for positive-control
+// tests. It is an unexported field that only this package's tests set.
+type mutant uint8
+
+const (
+	mutantNone mutant = iota
+	// mutantSideTable records a client abort in a side table instead of
+	// the state (SGLang's to_finish vs finished()): the request keeps
+	// running and can finish "successfully".
+	mutantSideTable
+	// mutantPlaceholderQueued additionally shrinks a running request to a
+	// 1-token placeholder and puts it back in the queue without moving
+	// its state, as the incident did.
+	mutantPlaceholderQueued
+	// mutantPlaceholderPreempted shrinks the request to a 1-token
+	// placeholder through a legal preemption (state Admitted), so only
+	// the end-to-end checks can see it.
+	mutantPlaceholderPreempted
+)
+
+// Core is the deterministic scheduler: request lifecycle, admission
+// queues, continuous batching and preemption over one kvcache.Pool. It has
+// no goroutines, no clock and no IO. Inputs are Submit, Abort, Shutdown,
+// Tick and Advance; effects come out of Ready as data. One goroutine drives
+// it (Node, or a simulation).
+type Core struct {
+	cfg  Config
+	lim  Limits
+	pool *kvcache.Pool
+	now  time.Time
+
+	reqs    map[request.Owner]*req
+	tenants map[request.Tenant]*tenant
+	active  []*tenant // tenants with queued or running requests, in activation order
+	running []*req
+	queued  int
+
+	inflight     *Batch
+	inflightReqs []*req
+	step         uint64
+	arrivals     uint64
+	shutdown     bool
+
+	out   Ready
+	stats Stats
+
+	order []*req // scratch for schedule
+
+	mutant   mutant
+	toFinish map[request.Owner]bool // only under mutantSideTable & co.
+}
+
+// NewCore returns a core over cfg.Pool, which it then drives alone.
+func NewCore(cfg Config) (*Core, error) {
+	cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.EndTokens = slices.Clone(cfg.EndTokens)
+	return &Core{
+		cfg:     cfg,
+		lim:     cfg.Limits,
+		pool:    cfg.Pool,
+		reqs:    make(map[request.Owner]*req),
+		tenants: make(map[request.Tenant]*tenant),
+	}, nil
+}
+
+// Limits is the one set of limits the core admits against.
+func (c *Core) Limits() Limits { return c.lim }
+
+// Stats returns the counters and gauges.
+func (c *Core) Stats() Stats {
+	s := c.stats
+	s.Queued, s.Running = c.queued, len(c.running)
+	return s
+}
+
+// Idle reports whether the core holds no request at all (nothing queued,
+// running, in flight or waiting to be delivered).
+func (c *Core) Idle() bool { return len(c.reqs) == 0 && c.inflight == nil && c.out.Empty() }
+
+// State returns the lifecycle state of a request the core still knows.
+func (c *Core) State(o request.Owner) (State, bool) {
+	r, ok := c.reqs[o]
+	if !ok {
+		return 0, false
+	}
+	return r.life.State(), true
+}
+
+// Tick sets the time. Requests that waited longer than MaxQueueWait for
+// their first step are rejected with request.ErrOverloaded.
+func (c *Core) Tick(now time.Time) {
+	c.now = now
+	if c.cfg.MaxQueueWait <= 0 {
+		return
+	}
+	for _, t := range slices.Clone(c.active) {
+		for i := 0; i < len(t.queue); {
+			r := t.queue[i]
+			if r.preemptions > 0 || now.Sub(r.enqueued) <= c.cfg.MaxQueueWait {
+				i++
+				continue
+			}
+			c.unqueue(r)
+			c.end(r, func(l *Lifecycle) error {
+				return l.Reject(fmt.Errorf("%w: waited %v for KV pages", request.ErrOverloaded, now.Sub(r.enqueued)))
+			})
+		}
+	}
+}
+
+func (c *Core) tenantFor(name request.Tenant) *tenant {
+	if t, ok := c.tenants[name]; ok {
+		return t
+	}
+	t := &tenant{name: name}
+	if c.cfg.Policy != nil {
+		t.policy = c.cfg.Policy(name)
+	}
+	c.tenants[name] = t
+	c.active = append(c.active, t)
+	return t
+}
+
+// retire forgets a tenant with nothing queued or running, so that the
+// tenant table stays bounded by the active tenants.
+func (c *Core) retire(t *tenant) {
+	if t.running > 0 || len(t.queue) > 0 {
+		return
+	}
+	delete(c.tenants, t.name)
+	if i := slices.Index(c.active, t); i >= 0 {
+		c.active = slices.Delete(c.active, i, i+1)
+	}
+}
+
+// Submit offers an admitted request to its tenant's queue. It fails, with
+// nothing recorded and no page touched, when the core shuts down
+// (request.ErrShuttingDown), the request was admitted under other limits
+// (ErrLimitsMismatch), its owner is already known (ErrDuplicate), it could
+// never fit the tenant's page cap (request.ErrQuota), or the queues are full
+// (request.ErrOverloaded).
+func (c *Core) Submit(a Admitted) error {
+	if !a.Valid() {
+		return ErrNotAdmitted
+	}
+	if a.a.limits != c.lim {
+		return ErrLimitsMismatch
+	}
+	if c.shutdown {
+		return request.ErrShuttingDown
+	}
+	p := &a.a.params
+	if _, dup := c.reqs[p.Owner]; dup {
+		return fmt.Errorf("%w: %v", ErrDuplicate, p.Owner)
+	}
+	r := &req{owner: p.Owner, adm: a, params: p}
+	t := c.tenantFor(p.Owner.Tenant)
+	// The last sampled token is never fed back, so a request holds at
+	// most prompt+max_tokens-1 positions.
+	need := c.lim.PagesFor(len(p.Prompt) + p.MaxTokens - 1)
+	var cause error
+	switch {
+	case t.policy.MaxPages > 0 && need > t.policy.MaxPages:
+		cause = fmt.Errorf("%w: the request needs up to %d KV pages, the tenant may hold %d", request.ErrQuota, need, t.policy.MaxPages)
+	case len(t.queue) >= cmp.Or(t.policy.MaxQueued, c.cfg.MaxQueuedPerTenant):
+		cause = fmt.Errorf("%w: %d requests of this tenant are waiting", request.ErrOverloaded, len(t.queue))
+	case c.queued >= c.cfg.MaxQueued:
+		cause = fmt.Errorf("%w: %d requests are waiting", request.ErrOverloaded, c.queued)
+	}
+	if cause != nil {
+		if err := r.life.Reject(cause); err != nil {
+			return invariants.Failf("sched: reject at submission: %v", err)
+		}
+		c.stats.Rejected++
+		c.retire(t)
+		return cause
+	}
+	if err := r.life.Admit(); err != nil {
+		return invariants.Failf("sched: admit: %v", err)
+	}
+	c.arrivals++
+	r.order, r.tenant, r.enqueued = c.arrivals, t, c.now
+	r.prio = [2]int{t.policy.Priority, p.Priority}
+	r.tokens = append(make([]int, 0, len(p.Prompt)+min(p.MaxTokens, 64)), p.Prompt...)
+	c.reqs[r.owner] = r
+	c.stats.Submitted++
+	return c.enqueue(a, false)
+}
+
+// enqueue puts an admitted request in its tenant's queue. The queue's only
+// input is an Admitted value, and the request behind it must be in state
+// Admitted holding no pages: anything else is a scheduler bug (the
+// incident's re-queued placeholder), reported as a broken invariant.
+func (c *Core) enqueue(a Admitted, front bool) error {
+	r := c.reqs[a.Owner()]
+	if r == nil || r.adm.a != a.a || r.life.State() != StateAdmitted || r.seq != nil || r.queued || r.inFlight {
+		st := "unknown"
+		if r != nil {
+			st = r.life.State().String()
+		}
+		return invariants.Failf("sched: enqueue of %v in state %s (must be Admitted, holding no pages)", a.Owner(), st)
+	}
+	t := r.tenant
+	if front {
+		t.queue = slices.Insert(t.queue, 0, r)
+	} else {
+		t.queue = append(t.queue, r)
+	}
+	r.queued = true
+	c.queued++
+	return nil
+}
+
+func (c *Core) unqueue(r *req) {
+	t := r.tenant
+	if i := slices.Index(t.queue, r); i >= 0 {
+		t.queue = slices.Delete(t.queue, i, i+1)
+		r.queued = false
+		c.queued--
+	}
+}
+
+// Abort ends a request of owner's tenant on the client's behalf. It is
+// idempotent: aborting a request that already ended (and whose result is
+// not yet handed out) changes nothing and returns nil. A request the core
+// does not know for that owner, including any request of another tenant,
+// gives request.ErrNotFound.
+func (c *Core) Abort(owner request.Owner) error {
+	return c.abort(owner, request.ErrAborted)
+}
+
+func (c *Core) abort(owner request.Owner, cause error) error {
+	r, ok := c.reqs[owner]
+	if !ok {
+		return request.ErrNotFound
+	}
+	if r.life.State().Terminal() {
+		return nil
+	}
+	if c.mutant != mutantNone && cause == request.ErrAborted && c.mutantAbort(r) {
+		return nil
+	}
+	c.unqueue(r)
+	c.end(r, func(l *Lifecycle) error { return l.Abort(cause) })
+	return nil
+}
+
+// Shutdown aborts every request (request.ErrShuttingDown) and refuses new
+// ones. Pages of requests in the batch in flight are released when that
+// batch is advanced.
+func (c *Core) Shutdown() {
+	c.shutdown = true
+	for _, t := range slices.Clone(c.active) {
+		for _, r := range slices.Clone(t.queue) {
+			_ = c.abort(r.owner, request.ErrShuttingDown)
+		}
+	}
+	for _, r := range slices.Clone(c.running) {
+		_ = c.abort(r.owner, request.ErrShuttingDown)
+	}
+}
+
+// end moves r to a terminal state with move, records the result and gives
+// back its pages (at once, or when its in-flight step is advanced).
+func (c *Core) end(r *req, move func(*Lifecycle) error) {
+	if err := move(&r.life); err != nil {
+		_ = invariants.Failf("sched: ending %v: %v", r.owner, err)
+		return
+	}
+	switch r.life.State() {
+	case StateFinished:
+		c.stats.Finished++
+	case StateRejected:
+		c.stats.Rejected++
+	case StateAborted:
+		c.stats.Aborted++
+	}
+	c.out.Results = append(c.out.Results, request.Result{
+		Owner:  r.owner,
+		Reason: r.life.Reason(),
+		Err:    r.life.Err(),
+		Usage: request.Usage{
+			PromptTokens:     len(r.params.Prompt),
+			CompletionTokens: r.generated,
+			CachedTokens:     r.cached,
+		},
+	})
+	if !r.inFlight {
+		c.releasePages(r, nil)
+	}
+}
+
+// releasePages gives r's pages back (dropPages), then forgets r's tenant
+// and r itself when nothing else holds them.
+func (c *Core) releasePages(r *req, cause error) {
+	c.dropPages(r, cause)
+	c.retire(r.tenant)
+	c.forget(r)
+}
+
+// dropPages ends r's sequence (kvcache.Pool.Abort with cause when it is not
+// nil, so that a violation quarantines) and takes r off the running list.
+func (c *Core) dropPages(r *req, cause error) {
+	if r.seq == nil {
+		return
+	}
+	if cause != nil {
+		c.pool.Abort(r.seq, cause)
+	} else {
+		c.pool.Release(r.seq)
+	}
+	r.seq = nil
+	r.tenant.pages -= r.pages
+	r.pages = 0
+	r.computed = 0
+	if i := slices.Index(c.running, r); i >= 0 {
+		c.running = slices.Delete(c.running, i, i+1)
+		r.tenant.running--
+	}
+}
+
+// forget drops a terminal request whose result went out and whose pages
+// are back.
+func (c *Core) forget(r *req) {
+	if r.life.State().Terminal() && r.delivered && r.seq == nil && !r.inFlight {
+		delete(c.reqs, r.owner)
+	}
+}
+
+// Ready returns what the driver must do now: deliver the tokens and results
+// produced since the last call and, when no batch is in flight, run the
+// next batch. The driver must call Advance with that batch (and nothing
+// else) before the next batch is planned.
+func (c *Core) Ready() Ready {
+	var b *Batch
+	if c.inflight == nil {
+		b = c.schedule()
+	}
+	rd := c.out
+	rd.Batch = b
+	c.out = Ready{}
+	for _, res := range rd.Results {
+		if r := c.reqs[res.Owner]; r != nil {
+			r.delivered = true
+			c.forget(r)
+		}
+	}
+	return rd
+}
+
+// prioLess orders requests from most to least deserving of pages: higher
+// priority, then earlier start, then earlier arrival.
+func prioLess(a, b *req) int {
+	if c := cmp.Compare(b.prio[0], a.prio[0]); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(b.prio[1], a.prio[1]); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.started, b.started); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.order, b.order)
+}
+
+// schedule plans the next batch: decode tokens of running sequences first,
+// then their pending prefill chunks, then the first chunks of queued
+// requests, within MaxBatchTokens.
+func (c *Core) schedule() *Batch {
+	if len(c.running) == 0 && c.queued == 0 {
+		return nil
+	}
+	c.step++
+	b := &Batch{Step: c.step, Items: make([]Item, 0, len(c.running)+min(c.queued, 16))}
+	c.inflightReqs = c.inflightReqs[:0]
+	budget := c.cfg.MaxBatchTokens
+
+	c.relieveStarvation()
+
+	// Decodes (one token) before prefill chunks, each group in priority
+	// order, so that long prompts never stall running generations.
+	c.order = append(c.order[:0], c.running...)
+	slices.SortFunc(c.order, func(a, b *req) int {
+		ad, bd := len(a.tokens)-a.computed == 1, len(b.tokens)-b.computed == 1
+		if ad != bd {
+			if ad {
+				return -1
+			}
+			return 1
+		}
+		return prioLess(a, b)
+	})
+	for _, r := range c.order {
+		if budget == 0 {
+			break
+		}
+		if r.seq == nil || r.life.State().Terminal() {
+			continue // preempted (or ended) earlier in this pass
+		}
+		n := min(len(r.tokens)-r.computed, budget)
+		if !c.grow(r, r.computed+n) {
+			continue
+		}
+		if c.add(b, r, n) {
+			budget -= n
+		}
+	}
+
+	// New sequences, tenant by tenant, least-loaded tenant first.
+	for budget > 0 && len(c.running) < c.cfg.MaxRunning && !c.shutdown {
+		t := c.pickTenant()
+		if t == nil {
+			break
+		}
+		r := t.queue[0]
+		seq := c.pool.NewSequence(r.owner)
+		cached := 0
+		if c.cfg.PrefixCache {
+			// Shared pages of the tenant's earlier prompts; they count
+			// against its cap like its own.
+			cached = c.pool.AttachPrefix(seq, r.tokens, r.params.CacheSalt)
+		}
+		n := min(len(r.tokens)-cached, budget)
+		total := c.lim.PagesFor(cached + n)
+		if t.policy.MaxPages > 0 && t.pages+total > t.policy.MaxPages {
+			c.pool.Release(seq)
+			t.skip = c.step // its own cap: others may go ahead
+			continue
+		}
+		// Keep the watermark for running sequences, unless nothing runs
+		// (then nobody needs it, and the request must be able to start).
+		if len(c.running) > 0 && c.pool.FreePages()-(total-seq.NumPages()) < c.cfg.WatermarkPages {
+			c.pool.Release(seq)
+			break
+		}
+		if err := c.pool.Reserve(seq, n); err != nil {
+			// Out of pages: everyone waits (no overtaking), so a large
+			// request at the head is not starved by small ones.
+			c.pool.Release(seq)
+			break
+		}
+		c.unqueue(r)
+		if err := r.life.StartPrefill(); err != nil {
+			_ = invariants.Failf("sched: start of %v: %v", r.owner, err)
+			c.pool.Release(seq)
+			continue
+		}
+		r.seq, r.pages, r.computed = seq, seq.NumPages(), cached
+		if r.preemptions == 0 {
+			r.cached = cached
+		}
+		t.pages += r.pages
+		t.running++
+		t.served = c.step
+		r.started = c.step
+		c.running = append(c.running, r)
+		if c.add(b, r, n) {
+			budget -= n
+		}
+	}
+	if len(b.Items) == 0 {
+		return nil
+	}
+	c.inflight = b
+	c.stats.Steps++
+	return b
+}
+
+// add begins r's view for n positions and appends the item. It reports
+// false when the pool refused the view (r is then aborted).
+func (c *Core) add(b *Batch, r *req, n int) bool {
+	v, err := c.pool.Begin(r.seq, n)
+	if err != nil {
+		// The pool already quarantined and ended the sequence on a
+		// violation; for anything else give the pages back.
+		c.end(r, func(l *Lifecycle) error { return l.Abort(fmt.Errorf("%w: %w", request.ErrInternal, err)) })
+		return false
+	}
+	end := r.computed + n
+	b.Items = append(b.Items, Item{
+		Owner:       r.owner,
+		View:        v,
+		Tokens:      r.tokens[r.computed:end:end],
+		Sample:      end == len(r.tokens),
+		Sampling:    r.params.Sampling,
+		SampleIndex: r.generated,
+		History:     r.tokens[:end:end],
+	})
+	r.inFlight = true
+	r.scheduled = c.step
+	c.inflightReqs = append(c.inflightReqs, r)
+	return true
+}
+
+// grow makes sure r holds pages for positions, preempting other sequences
+// (or r itself) when the pool or r's tenant cap is short. It reports
+// whether r can run this step.
+func (c *Core) grow(r *req, positions int) bool {
+	t := r.tenant
+	for {
+		extra := c.lim.PagesFor(positions) - r.seq.NumPages()
+		if extra <= 0 {
+			return true
+		}
+		var scope *tenant
+		if t.policy.MaxPages > 0 && t.pages+extra > t.policy.MaxPages {
+			scope = t // only the tenant's own sequences can make room
+		} else {
+			err := c.pool.Reserve(r.seq, positions-r.seq.Len())
+			if err == nil {
+				t.pages += r.seq.NumPages() - r.pages
+				r.pages = r.seq.NumPages()
+				return true
+			}
+			if !errors.Is(err, kvcache.ErrNoPages) {
+				c.end(r, func(l *Lifecycle) error { return l.Abort(fmt.Errorf("%w: %w", request.ErrInternal, err)) })
+				return false
+			}
+		}
+		v := c.victim(r, scope)
+		c.preempt(v)
+		if v == r {
+			return false
+		}
+	}
+}
+
+// victim picks the running sequence to preempt so that r can grow: among
+// those not yet in this step's batch (within scope when set) and r itself,
+// the lowest priority, then the one whose tenant is furthest over its fair
+// share, then the most recently started. Returning r means r yields.
+func (c *Core) victim(r *req, scope *tenant) *req {
+	share := c.fairShare()
+	worst := r
+	for _, v := range c.running {
+		if v == r || v.scheduled == c.step || v.seq == nil || (scope != nil && v.tenant != scope) {
+			continue
+		}
+		if c.worse(v, worst, share) {
+			worst = v
+		}
+	}
+	return worst
+}
+
+// worse reports whether a should be preempted before b.
+func (c *Core) worse(a, b *req, share int) bool {
+	if a.prio != b.prio {
+		return prioLess(a, b) > 0
+	}
+	ao, bo := a.tenant.pages > share, b.tenant.pages > share
+	if ao != bo {
+		return ao
+	}
+	return prioLess(a, b) > 0
+}
+
+// fairShare is the number of pages each active tenant may hold while
+// others wait.
+func (c *Core) fairShare() int {
+	return c.lim.UsablePages / max(1, len(c.active))
+}
+
+// preempt releases r's pages and puts it back at the front of its
+// tenant's queue, to be recomputed (prompt and generated tokens) later.
+func (c *Core) preempt(r *req) {
+	if r.inFlight || r.seq == nil {
+		_ = invariants.Failf("sched: preempting %v in flight %v / without pages", r.owner, r.inFlight)
+		return
+	}
+	c.dropPages(r, nil)
+	if err := r.life.Preempt(); err != nil {
+		_ = invariants.Failf("sched: preempt %v: %v", r.owner, err)
+		return
+	}
+	r.preemptions++
+	c.stats.Preemptions++
+	c.out.Preempted = append(c.out.Preempted, r.owner)
+	_ = c.enqueue(r.adm, true)
+}
+
+// pickTenant chooses whose queued request starts next: among tenants with
+// a waiting request and room under their caps, the one holding the fewest
+// pages, then the fewest running sequences, then the one served longest
+// ago.
+func (c *Core) pickTenant() *tenant {
+	var best *tenant
+	for _, t := range c.active {
+		if len(t.queue) == 0 || t.skip == c.step {
+			continue
+		}
+		if t.policy.MaxRunning > 0 && t.running >= t.policy.MaxRunning {
+			continue
+		}
+		if best == nil || t.queue[0].prio[0] > best.queue[0].prio[0] ||
+			t.queue[0].prio[0] == best.queue[0].prio[0] &&
+				(t.pages < best.pages || t.pages == best.pages &&
+					(t.running < best.running || t.running == best.running && t.served < best.served)) {
+			best = t
+		}
+	}
+	return best
+}
+
+// relieveStarvation makes room for a tenant that has requests waiting and
+// nothing running when the pool is short: it preempts the most recent
+// sequence of the tenant furthest over its fair share, as long as that
+// tenant keeps at least one running sequence (so two tenants can never
+// take turns preempting each other).
+func (c *Core) relieveStarvation() {
+	var starved *tenant
+	for _, t := range c.active {
+		if len(t.queue) > 0 && t.running == 0 && (starved == nil || t.queue[0].order < starved.queue[0].order) {
+			starved = t
+		}
+	}
+	if starved == nil || c.shutdown {
+		return
+	}
+	head := starved.queue[0]
+	need := c.lim.PagesFor(min(len(head.tokens), c.cfg.MaxBatchTokens)) + c.cfg.WatermarkPages
+	share := c.fairShare()
+	for c.pool.FreePages() < need {
+		var hog *tenant
+		for _, t := range c.active {
+			if t != starved && t.running > 1 && t.pages > share && (hog == nil || t.pages > hog.pages) {
+				hog = t
+			}
+		}
+		if hog == nil {
+			return
+		}
+		var v *req
+		for _, r := range c.running {
+			if r.tenant == hog && (v == nil || prioLess(r, v) > 0) {
+				v = r
+			}
+		}
+		if v == nil || prioLess(v, head) < 0 && v.prio != head.prio {
+			return // never preempt higher priority for fairness
+		}
+		c.preempt(v)
+	}
+}
+
+// Advance applies the outcomes of the batch in flight: it commits the
+// written positions, takes each sampled token, and ends requests that
+// finished or failed. A batch-wide execErr fails every item. Outcomes for
+// requests aborted while the batch ran are dropped and their pages
+// released only now, after the executor stopped writing them.
+func (c *Core) Advance(b *Batch, outs []Outcome, execErr error) error {
+	if b == nil || b != c.inflight {
+		return ErrBatch
+	}
+	if execErr == nil && len(outs) != len(b.Items) {
+		execErr = fmt.Errorf("executor returned %d outcomes for %d items", len(outs), len(b.Items))
+	}
+	for i, it := range b.Items {
+		r := c.inflightReqs[i]
+		r.inFlight = false
+		if r.owner != it.Owner {
+			_ = invariants.Failf("sched: batch item %d is for %v, the core put %v there", i, it.Owner, r.owner)
+		}
+		if r.life.State().Terminal() {
+			c.releasePages(r, nil)
+			continue
+		}
+		err := execErr
+		if err == nil {
+			err = outs[i].Err
+		}
+		if err == nil {
+			err = c.pool.Commit(it.View)
+		}
+		if err == nil && it.Sample && c.lim.Vocab > 0 && (outs[i].Token < 0 || outs[i].Token >= c.lim.Vocab) {
+			err = fmt.Errorf("sampled token %d outside the vocabulary of %d", outs[i].Token, c.lim.Vocab)
+		}
+		if err != nil {
+			// Pages first, with the cause, so that a violation
+			// quarantines them rather than freeing them.
+			c.dropPages(r, err)
+			cause := fmt.Errorf("%w: %w", request.ErrInternal, err)
+			c.end(r, func(l *Lifecycle) error { return l.Abort(cause) })
+			continue
+		}
+		r.computed += len(it.Tokens)
+		if it.Sample {
+			c.take(r, outs[i].Token)
+		}
+	}
+	c.inflight = nil
+	c.inflightReqs = c.inflightReqs[:0]
+	return nil
+}
+
+// take applies one sampled token to r.
+func (c *Core) take(r *req, tok int) {
+	if r.life.State() == StatePrefilling {
+		if c.cfg.PrefixCache && r.preemptions == 0 {
+			c.pool.PublishPrefix(r.seq, r.params.Prompt, r.params.CacheSalt)
+		}
+		if err := r.life.Handoff(); err != nil {
+			_ = invariants.Failf("sched: %v", err)
+		}
+		if err := r.life.StartDecode(); err != nil {
+			_ = invariants.Failf("sched: %v", err)
+		}
+	}
+	r.generated++
+	// The stop token is delivered too: usage counts it (as vLLM does), and
+	// the gateway checks that usage equals what it was sent; it hides the
+	// text of end-of-generation tokens itself.
+	c.out.Tokens = append(c.out.Tokens, request.Token{Owner: r.owner, Index: r.generated - 1, ID: tok})
+	if slices.Contains(r.params.StopTokens, tok) || slices.Contains(c.cfg.EndTokens, tok) {
+		c.finish(r, request.FinishStop)
+		return
+	}
+	r.tokens = append(r.tokens, tok)
+	if r.generated >= r.params.MaxTokens {
+		c.finish(r, request.FinishLength)
+	}
+}
+
+func (c *Core) finish(r *req, reason request.FinishReason) {
+	if c.toFinish[r.owner] {
+		// Only reachable under a mutant: the abort lived in a side table
+		// and the state still says running.
+		c.stats.AbortedButCompleted++
+	}
+	c.end(r, func(l *Lifecycle) error { return l.Finish(reason) })
+}
+
+// CheckInvariants verifies the core's bookkeeping against itself and the
+// pool (tests and simulations call it after every step).
+func (c *Core) CheckInvariants() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	pages := map[*tenant]int{}
+	running := map[*tenant]int{}
+	queued := 0
+	for _, t := range c.active {
+		if c.tenants[t.name] != t {
+			bad("active tenant %q not in the tenant table", t.name)
+		}
+		for _, r := range t.queue {
+			queued++
+			if r.life.State() != StateAdmitted || r.seq != nil || !r.queued || r.tenant != t {
+				bad("queued %v: state %s, pages %v, queued %v", r.owner, r.life.State(), r.seq != nil, r.queued)
+			}
+		}
+	}
+	if queued != c.queued || len(c.tenants) != len(c.active) {
+		bad("queued count %d, queues hold %d; %d tenants, %d active", c.queued, queued, len(c.tenants), len(c.active))
+	}
+	for _, r := range c.running {
+		if r.seq == nil || !r.life.State().Running() && !(r.inFlight && r.life.State().Terminal()) {
+			bad("running %v: state %s, pages %v", r.owner, r.life.State(), r.seq != nil)
+			continue
+		}
+		if r.seq.Released() || r.pages != r.seq.NumPages() || r.seq.Owner() != r.owner {
+			bad("running %v: sequence released %v, pages %d vs %d, owner %v", r.owner, r.seq.Released(), r.pages, r.seq.NumPages(), r.seq.Owner())
+		}
+		if !r.inFlight && r.computed != r.seq.Len() {
+			bad("running %v: computed %d, sequence length %d", r.owner, r.computed, r.seq.Len())
+		}
+		pages[r.tenant] += r.pages
+		running[r.tenant]++
+	}
+	for _, t := range c.active {
+		if t.pages != pages[t] || t.running != running[t] {
+			bad("tenant %q: %d pages / %d running recorded, %d / %d held", t.name, t.pages, t.running, pages[t], running[t])
+		}
+		if t.policy.MaxPages > 0 && t.pages > t.policy.MaxPages || t.policy.MaxRunning > 0 && t.running > t.policy.MaxRunning {
+			bad("tenant %q over its caps: %d pages (cap %d), %d running (cap %d)", t.name, t.pages, t.policy.MaxPages, t.running, t.policy.MaxRunning)
+		}
+	}
+	if len(c.running) > c.cfg.MaxRunning {
+		bad("%d running, cap %d", len(c.running), c.cfg.MaxRunning)
+	}
+	for o, r := range c.reqs {
+		if o != r.owner {
+			bad("request table key %v holds %v", o, r.owner)
+		}
+		if r.life.State().Terminal() != (r.life.Reason() != request.FinishNone) {
+			bad("%v: state %s with reason %s", o, r.life.State(), r.life.Reason())
+		}
+	}
+	if err := c.pool.CheckInvariants(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}

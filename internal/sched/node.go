@@ -1,0 +1,444 @@
+package sched
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pagewarden/pagewarden/internal/invariants"
+	"github.com/pagewarden/pagewarden/internal/kvcache"
+	"github.com/pagewarden/pagewarden/internal/request"
+)
+
+// NodeConfig configures a Node.
+type NodeConfig struct {
+	Core     Config
+	Executor Executor
+	// Clock is the time source fed to Core.Tick (default time.Now).
+	Clock func() time.Time
+	// TickEvery is how often an idle loop ticks while requests wait
+	// (default 50ms); only queue timeouts depend on it.
+	TickEvery time.Duration
+}
+
+// Node runs a Core in one goroutine (Run) and offers the Go API the gateway
+// and the node wiring use. Submit, Abort and Stats may be called from any
+// goroutine: each becomes an event that the loop applies between steps, so
+// the core keeps exactly one writer (invariant I4).
+type Node struct {
+	core   *Core
+	exec   Executor
+	lim    Limits
+	clock  func() time.Time
+	tick   time.Duration
+	events chan event
+	done   chan struct{}
+	ran    atomic.Bool
+
+	// streams is owned by the loop goroutine.
+	streams map[request.Owner]*Stream
+}
+
+type eventKind uint8
+
+const (
+	evSubmit eventKind = iota
+	evAbort
+	evStats
+)
+
+type event struct {
+	kind   eventKind
+	adm    Admitted
+	stream *Stream
+	owner  request.Owner
+	cause  error
+	reply  chan error     // submit, abort
+	stats  chan NodeStats // stats
+}
+
+// NodeStats is a snapshot of the scheduler and its pool.
+type NodeStats struct {
+	Core Stats
+	Pool kvcache.Stats
+}
+
+// NewNode builds a node; call Run to start it.
+func NewNode(cfg NodeConfig) (*Node, error) {
+	if cfg.Executor == nil {
+		return nil, fmt.Errorf("%w: no executor", ErrConfig)
+	}
+	core, err := NewCore(cfg.Core)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	if cfg.TickEvery <= 0 {
+		cfg.TickEvery = 50 * time.Millisecond
+	}
+	return &Node{
+		core:    core,
+		exec:    cfg.Executor,
+		lim:     core.Limits(),
+		clock:   cfg.Clock,
+		tick:    cfg.TickEvery,
+		events:  make(chan event, 64),
+		done:    make(chan struct{}),
+		streams: make(map[request.Owner]*Stream),
+	}, nil
+}
+
+// Limits is the node's one set of limits.
+func (n *Node) Limits() Limits { return n.lim }
+
+// Submit admits p and starts it. p.Owner comes from authentication; a zero
+// ID is replaced by a fresh one. Errors mean nothing was started and no
+// page was touched: admission errors (request.ErrContextLength,
+// ErrInvalidRequest), request.ErrQuota, request.ErrOverloaded,
+// request.ErrShuttingDown, or ctx's error. Cancelling ctx later aborts the
+// request (its stream then ends with FinishAbort).
+func (n *Node) Submit(ctx context.Context, p request.Params) (*Stream, error) {
+	if p.Owner.ID.IsZero() {
+		p.Owner.ID = request.NewID()
+	}
+	a, err := n.lim.Admit(p)
+	if err != nil {
+		return nil, err
+	}
+	s := newStream(ctx, p.Owner)
+	ev := event{kind: evSubmit, adm: a, stream: s, reply: make(chan error, 1)}
+	if err := n.send(ctx, ev); err != nil {
+		return nil, err
+	}
+	if err := n.wait(ev.reply); err != nil {
+		return nil, err
+	}
+	// From here the loop owns the request; cancellation is one more
+	// abort event, applied by the loop like any other.
+	// Registered only now, so it fires at once if ctx is already done.
+	stop := context.AfterFunc(ctx, func() {
+		_ = n.send(context.Background(), event{kind: evAbort, owner: p.Owner, cause: request.ErrAborted})
+	})
+	s.mu.Lock()
+	if s.ended {
+		s.mu.Unlock()
+		stop()
+	} else {
+		s.stop = stop
+		s.mu.Unlock()
+	}
+	return s, nil
+}
+
+// Abort ends tenant's request id. A request of another tenant, or one that
+// already ended and was delivered, gives request.ErrNotFound; aborting a
+// request twice is harmless.
+func (n *Node) Abort(tenant request.Tenant, id request.ID) error {
+	ev := event{kind: evAbort, owner: request.Owner{Tenant: tenant, ID: id}, cause: request.ErrAborted, reply: make(chan error, 1)}
+	if err := n.send(context.Background(), ev); err != nil {
+		return err
+	}
+	return n.wait(ev.reply)
+}
+
+// Stats returns a snapshot taken by the loop.
+func (n *Node) Stats(ctx context.Context) (NodeStats, error) {
+	ev := event{kind: evStats, stats: make(chan NodeStats, 1)}
+	if err := n.send(ctx, ev); err != nil {
+		return NodeStats{}, err
+	}
+	select {
+	case st := <-ev.stats:
+		return st, nil
+	case <-n.done:
+		return NodeStats{}, request.ErrShuttingDown
+	case <-ctx.Done():
+		return NodeStats{}, ctx.Err()
+	}
+}
+
+// send queues ev for the loop.
+func (n *Node) send(ctx context.Context, ev event) error {
+	select {
+	case <-n.done:
+		return request.ErrShuttingDown
+	default:
+	}
+	select {
+	case n.events <- ev:
+		return nil
+	case <-n.done:
+		return request.ErrShuttingDown
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// wait waits for the loop's answer to an event it received. The loop
+// answers every event it takes; one still in the channel when the loop
+// exits gets request.ErrShuttingDown.
+func (n *Node) wait(reply chan error) error {
+	select {
+	case err := <-reply:
+		return err
+	case <-n.done:
+		select {
+		case err := <-reply:
+			return err
+		default:
+			return request.ErrShuttingDown
+		}
+	}
+}
+
+// Run is the loop: it applies events, runs batches through the executor
+// and delivers tokens and results, until ctx is done. Then it aborts every
+// request with request.ErrShuttingDown, delivers those results and
+// returns. Run may be called once.
+func (n *Node) Run(ctx context.Context) error {
+	if n.ran.Swap(true) {
+		return fmt.Errorf("%w: Run called twice", ErrConfig)
+	}
+	defer close(n.done)
+	timer := time.NewTimer(n.tick)
+	defer timer.Stop()
+	for {
+		n.core.Tick(n.clock())
+		rd := n.core.Ready()
+		n.deliver(&rd)
+		if rd.Batch != nil {
+			outs, err := n.execute(ctx, rd.Batch)
+			if ctx.Err() != nil {
+				// Shutting down: end every request first, so that the
+				// batch's requests end as aborted, not failed.
+				n.core.Shutdown()
+			}
+			if aerr := n.core.Advance(rd.Batch, outs, err); aerr != nil {
+				_ = invariants.Failf("sched: advance of the batch just run: %v", aerr)
+			}
+			n.drain()
+			continue
+		}
+		if ctx.Err() != nil {
+			return n.stop()
+		}
+		var tick <-chan time.Time
+		if st := n.core.Stats(); st.Queued > 0 {
+			timer.Reset(n.tick)
+			tick = timer.C
+		}
+		select {
+		case ev := <-n.events:
+			n.apply(ev)
+			n.drain()
+		case <-tick:
+		case <-ctx.Done():
+		}
+	}
+}
+
+// stop shuts the core down and answers whatever is still queued.
+func (n *Node) stop() error {
+	n.core.Shutdown()
+	rd := n.core.Ready()
+	n.deliver(&rd)
+	for {
+		select {
+		case ev := <-n.events:
+			n.apply(ev)
+		default:
+			if len(n.streams) != 0 {
+				return invariants.Failf("sched: %d streams left open at shutdown", len(n.streams))
+			}
+			return nil
+		}
+	}
+}
+
+// execute runs the executor, turning a panic into an error so that one bad
+// batch fails its requests rather than the process.
+func (n *Node) execute(ctx context.Context, b *Batch) (outs []Outcome, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			var v *invariants.Violation
+			if e, ok := p.(error); ok && errors.As(e, &v) && invariants.Strict() {
+				panic(p) // tests want broken invariants loud
+			}
+			outs, err = nil, fmt.Errorf("executor panicked: %v", p)
+		}
+	}()
+	return n.exec.Execute(ctx, b)
+}
+
+// drain applies every event already queued, without blocking.
+func (n *Node) drain() {
+	for {
+		select {
+		case ev := <-n.events:
+			n.apply(ev)
+		default:
+			return
+		}
+	}
+}
+
+func (n *Node) apply(ev event) {
+	switch ev.kind {
+	case evSubmit:
+		err := n.core.Submit(ev.adm)
+		if err == nil {
+			n.streams[ev.adm.Owner()] = ev.stream
+		}
+		ev.reply <- err
+	case evAbort:
+		err := n.core.abort(ev.owner, ev.cause)
+		if ev.reply != nil {
+			ev.reply <- err
+		}
+		// A result may be ready now; the loop's next Ready delivers it.
+	case evStats:
+		ev.stats <- NodeStats{Core: n.core.Stats(), Pool: n.core.pool.Stats()}
+	}
+}
+
+// deliver hands tokens and results to their streams, checking that each
+// goes to the stream of the owner it is tagged with.
+func (n *Node) deliver(rd *Ready) {
+	for _, t := range rd.Tokens {
+		s := n.streams[t.Owner]
+		if s == nil {
+			_ = invariants.Failf("sched: token for %v, which has no stream", t.Owner)
+			continue
+		}
+		s.push(t)
+	}
+	for _, res := range rd.Results {
+		s := n.streams[res.Owner]
+		if s == nil {
+			_ = invariants.Failf("sched: result for %v, which has no stream", res.Owner)
+			continue
+		}
+		delete(n.streams, res.Owner)
+		s.finish(res)
+	}
+}
+
+// Stream is the output of one request: tokens in order, each tagged with
+// the request's owner, then exactly one Result.
+type Stream struct {
+	owner  request.Owner
+	ctx    context.Context
+	notify chan struct{}
+	done   chan struct{}
+
+	mu     sync.Mutex
+	stop   func() bool // stops the cancellation hook
+	buf    []request.Token
+	next   int
+	res    request.Result
+	ended  bool
+	tokens chan request.Token
+}
+
+func newStream(ctx context.Context, owner request.Owner) *Stream {
+	return &Stream{owner: owner, ctx: ctx, notify: make(chan struct{}, 1), done: make(chan struct{})}
+}
+
+// Owner is the request's owner.
+func (s *Stream) Owner() request.Owner { return s.owner }
+
+func (s *Stream) push(t request.Token) {
+	s.mu.Lock()
+	s.buf = append(s.buf, t)
+	s.mu.Unlock()
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Stream) finish(res request.Result) {
+	s.mu.Lock()
+	s.res, s.ended = res, true
+	stop := s.stop
+	s.stop = nil
+	s.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+	close(s.done)
+}
+
+// Recv returns the next token, io.EOF once every token was returned and
+// the request ended (Result then has its outcome), or ctx's error.
+func (s *Stream) Recv(ctx context.Context) (request.Token, error) {
+	for {
+		s.mu.Lock()
+		if s.next < len(s.buf) {
+			t := s.buf[s.next]
+			s.buf[s.next] = request.Token{}
+			s.next++
+			s.mu.Unlock()
+			return t, nil
+		}
+		ended := s.ended
+		s.mu.Unlock()
+		if ended {
+			return request.Token{}, io.EOF
+		}
+		select {
+		case <-s.notify:
+		case <-s.done:
+		case <-ctx.Done():
+			return request.Token{}, ctx.Err()
+		}
+	}
+}
+
+// Done is closed when the request reached its terminal state.
+func (s *Stream) Done() <-chan struct{} { return s.done }
+
+// Result waits for the request's single terminal outcome. It returns even
+// if the tokens were not drained. Since cancelling the Submit context
+// aborts the request, Result returns soon after that too.
+func (s *Stream) Result() request.Result {
+	<-s.done
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.res
+}
+
+// Tokens is Recv as a channel (the gateway's Stream shape): it is closed
+// after the last token. A goroutine feeds it until the tokens end or the
+// Submit context is done, so a reader that stops reading must cancel that
+// context.
+func (s *Stream) Tokens() <-chan request.Token {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.tokens == nil {
+		s.tokens = make(chan request.Token, 16)
+		go s.pump(s.tokens)
+	}
+	return s.tokens
+}
+
+func (s *Stream) pump(ch chan<- request.Token) {
+	defer close(ch)
+	for {
+		t, err := s.Recv(s.ctx)
+		if err != nil {
+			return
+		}
+		select {
+		case ch <- t:
+		case <-s.ctx.Done():
+			return
+		}
+	}
+}
