@@ -177,6 +177,9 @@ once on stderr.`,
 			if err != nil {
 				return err
 			}
+			if err := srv.Metrics().Register(n.Collector()); err != nil {
+				return err
+			}
 			ln, err := net.Listen("tcp", listen)
 			if err != nil {
 				return err

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/pagewarden/pagewarden/internal/engine"
 	"github.com/pagewarden/pagewarden/internal/gateway"
 	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
@@ -228,4 +230,30 @@ func TestDisconnectFreesPages(t *testing.T) {
 		resp.Body.Close()
 	}
 	s.waitIdle()
+}
+
+func TestCollectorExportsPoolCounters(t *testing.T) {
+	s := start(t, "tiny", node.Options{})
+	if code, body := s.post(keyA, "/v1/completions", map[string]any{"prompt": "count me", "max_tokens": 4}); code != 200 {
+		t.Fatalf("status %d: %s", code, body)
+	}
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(s.node.Collector()); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			if m.Counter != nil {
+				got[mf.GetName()] = m.Counter.GetValue()
+			}
+		}
+	}
+	if got["pagewarden_kv_page_allocations_total"] < 1 || got["pagewarden_sched_steps_total"] < 1 {
+		t.Errorf("counters after one request: %v", got)
+	}
 }
