@@ -210,6 +210,7 @@ func ToGGUF(ck *Checkpoint, v *Vocab, name string) (*gguf.Writer, error) {
 	}{
 		{"general.architecture", "llama"},
 		{"general.name", name},
+		{"general.file_type", uint32(0)}, // llama.cpp's LLAMA_FTYPE_ALL_F32
 		{"llama.context_length", uint32(c.SeqLen)},
 		{"llama.embedding_length", uint32(c.Dim)},
 		{"llama.block_count", uint32(c.Layers)},

@@ -126,6 +126,7 @@ func BuiltinGGUF(spec BuiltinSpec) (*gguf.Writer, error) {
 	}{
 		{"general.architecture", "llama"},
 		{"general.name", BuiltinPrefix + spec.Name},
+		{"general.file_type", fileType(spec.Type)},
 		{"llama.context_length", uint32(spec.Ctx)},
 		{"llama.embedding_length", uint32(spec.Dim)},
 		{"llama.block_count", uint32(spec.Layers)},
@@ -237,4 +238,20 @@ func fillUniform(dst []float32, seed uint64, name string, a float32) {
 		u := float32(z>>40) / float32(1<<24) // [0,1)
 		dst[i] = (2*u - 1) * a
 	}
+}
+
+// fileType is llama.cpp's general.file_type (llama_ftype) for a file whose
+// weights are all of type t.
+func fileType(t quant.Type) uint32 {
+	switch t {
+	case quant.F16:
+		return 1
+	case quant.Q4_0:
+		return 2
+	case quant.Q8_0:
+		return 7
+	case quant.BF16:
+		return 32
+	}
+	return 0 // all F32
 }

@@ -194,6 +194,15 @@ func (m *Model) layer(pool *kernels.Pool, l int, in []Input, s *Scratch, total i
 		c.applyRope(s.k[r*kvdim:(r+1)*kvdim], c.KVHeads, cs, sn)
 	}
 
+	// A view that went stale (its sequence was released or moved on)
+	// yields no pages; refuse here, in the caller's goroutine, rather than
+	// index nil inside a worker.
+	for i := range in {
+		if in[i].View.K(l, 0) == nil && in[i].View.K16(l, 0) == nil {
+			return fmt.Errorf("%w: input %d: its KV view yields no pages at layer %d", ErrBadInput, i, l)
+		}
+	}
+
 	// Store the new keys and values in their pages.
 	row := 0
 	for i := range in {
