@@ -38,6 +38,21 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	for _, add := range extraCommands {
 		root.AddCommand(add())
 	}
+	// Stray arguments and unknown subcommands are usage errors too (exit
+	// 2): wrap every positional-argument check, and give the root one so
+	// that cobra does not report an unknown subcommand as a plain error.
+	root.Args = cobra.NoArgs
+	root.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+	for _, c := range append(root.Commands(), root) {
+		if check := c.Args; check != nil {
+			c.Args = func(cmd *cobra.Command, args []string) error {
+				if err := check(cmd, args); err != nil {
+					return usageError{err}
+				}
+				return nil
+			}
+		}
+	}
 	err := root.Execute()
 	if err == nil {
 		return 0

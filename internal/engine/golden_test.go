@@ -124,6 +124,9 @@ func TestGoldenTeacherForced(t *testing.T) {
 		{"tiny-llama-d256-q4_0.gguf", "tiny-llama-d256-q4_0.kv-f32.jsonl", kvcache.F32, 0.1, 0.02, 0.2, false},
 	} {
 		t.Run(tc.golden, func(t *testing.T) {
+			if testing.Short() && !tc.exactGreedy {
+				t.Skip("-short: only the F32 golden (the race and purego runs use it)")
+			}
 			t.Parallel()
 			m, err := model.Load(testdata.Path(t, "models", tc.model), model.Options{})
 			if err != nil {

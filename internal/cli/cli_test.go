@@ -1,0 +1,259 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/pagewarden/pagewarden/internal/testdata"
+)
+
+// result is what one run of Main produced.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func pw(t *testing.T, args ...string) result {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := Main(context.Background(), args, &out, &errb)
+	return result{code, out.String(), errb.String()}
+}
+
+// summary is run's one-line report on stderr.
+var summary = regexp.MustCompile(`(?m)^prompt (\d+) tokens, generated (\d+) tokens, prefill [0-9.]+ tok/s, decode [0-9.]+ tok/s \(1 threads, [A-Za-z0-9_(),]+\)$`)
+
+func TestRunBuiltin(t *testing.T) {
+	args := []string{"run", "--model", "builtin:tiny", "--temperature", "0", "-n", "5", "-t", "1", "--prompt", "Hello"}
+	r := pw(t, args...)
+	if r.code != 0 {
+		t.Fatalf("exit %d, stderr:\n%s", r.code, r.stderr)
+	}
+	if strings.TrimSuffix(r.stdout, "\n") == "" {
+		t.Errorf("no generated text on stdout: %q", r.stdout)
+	}
+	m := summary.FindStringSubmatch(r.stderr)
+	if m == nil {
+		t.Fatalf("no summary line on stderr:\n%s", r.stderr)
+	}
+	if m[1] != "6" || m[2] != "5" { // BOS + 5 bytes of "Hello"
+		t.Errorf("summary counts prompt %s, generated %s; want 6 and 5", m[1], m[2])
+	}
+	// Greedy is deterministic: the same command prints the same text.
+	if again := pw(t, args...); again.stdout != r.stdout {
+		t.Errorf("greedy output changed between runs: %q then %q", r.stdout, again.stdout)
+	}
+	// --echo prints the prompt first.
+	echo := pw(t, append(args, "--echo")...)
+	if echo.code != 0 || echo.stdout != "Hello"+r.stdout {
+		t.Errorf("--echo: exit %d, stdout %q, want %q", echo.code, echo.stdout, "Hello"+r.stdout)
+	}
+}
+
+// TestRunStories260K is the reference check of issue 2 through the
+// command line: llama2.c's run.c output, byte for byte.
+func TestRunStories260K(t *testing.T) {
+	want, err := os.ReadFile(testdata.Path(t, "models", "stories260K.t0.n200.expected.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := pw(t, "run", "--model", testdata.Path(t, "models", "stories260K.bin"), "--tokenizer", testdata.Path(t, "models", "tok512.bin"),
+		"--temperature", "0", "-n", "200", "-t", "1")
+	if r.code != 0 {
+		t.Fatalf("exit %d, stderr:\n%s", r.code, r.stderr)
+	}
+	if r.stdout != string(want) {
+		t.Errorf("stdout differs from run.c's (-want +got):\n%s", cmp.Diff(string(want), r.stdout))
+	}
+}
+
+// TestConvertThenRun converts stories260K to GGUF and runs the GGUF: the
+// output must still be run.c's.
+func TestConvertThenRun(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "stories260K.gguf")
+	r := pw(t, "convert", "--checkpoint", testdata.Path(t, "models", "stories260K.bin"), "--tokenizer", testdata.Path(t, "models", "tok512.bin"), "--out", out)
+	if r.code != 0 {
+		t.Fatalf("convert: exit %d, stderr:\n%s", r.code, r.stderr)
+	}
+	if !strings.Contains(r.stdout, "wrote "+out) {
+		t.Errorf("convert stdout %q does not say what it wrote", r.stdout)
+	}
+	want, err := os.ReadFile(testdata.Path(t, "models", "stories260K.t0.n200.expected.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = pw(t, "run", "--model", out, "--temperature", "0", "-n", "200", "-t", "1")
+	if r.code != 0 {
+		t.Fatalf("run: exit %d, stderr:\n%s", r.code, r.stderr)
+	}
+	if r.stdout != string(want) {
+		t.Errorf("GGUF output differs from run.c's (-want +got):\n%s", cmp.Diff(string(want), r.stdout))
+	}
+
+	// A builtin converts too, and the file loads.
+	b := filepath.Join(t.TempDir(), "tiny-short.gguf")
+	if r := pw(t, "convert", "--builtin", "tiny-short", "--out", b); r.code != 0 {
+		t.Fatalf("convert --builtin: exit %d: %s", r.code, r.stderr)
+	}
+	if r := pw(t, "run", "--model", b, "--temperature", "0", "-n", "3", "-t", "1"); r.code != 0 || !summary.MatchString(r.stderr) {
+		t.Errorf("run of the converted builtin: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+// TestUsageErrors checks that every malformed command line exits 2 with a
+// message naming what to fix, before any model is loaded.
+func TestUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"run", "--bogus"}, "unknown flag: --bogus"},
+		{[]string{"run", "stray"}, `unknown command "stray"`},
+		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
+		{[]string{"run", "-n", "many"}, `invalid argument "many"`},
+		{[]string{"run", "-n", "-1"}, "-n -1"},
+		{[]string{"run", "--threads", "0"}, "--threads 0"},
+		{[]string{"run", "--page-size", "0"}, "--page-size 0"},
+		{[]string{"run", "--kv-type", "f8"}, `--kv-type "f8"`},
+		{[]string{"run", "--temperature", "-1"}, "--temperature"},
+		{[]string{"run", "--top-p", "1.5"}, "--top-p"},
+		{[]string{"run", "--min-p", "-0.1"}, "--min-p"},
+		{[]string{"run", "--top-k", "-3"}, "--top-k"},
+		{[]string{"bench", "--threads-list", "1,x"}, "--threads-list"},
+		{[]string{"bench", "-p", "0"}, "-p"},
+		{[]string{"bench", "-n", "0"}, "-n and -r"},
+		{[]string{"bench", "-r", "0"}, "-n and -r"},
+		{[]string{"bench", "--model", "builtin:tiny-short", "-p", "250", "-n", "10", "--threads-list", "1"}, "exceed the model's context of 256"},
+		{[]string{"convert", "--builtin", "tiny"}, "--out"},
+		{[]string{"convert", "--out", "x.gguf"}, "--checkpoint"},
+		{[]string{"convert", "--builtin", "tiny", "--checkpoint", "a.bin", "--out", "x.gguf"}, "not both"},
+		{[]string{"convert", "--checkpoint", "a.bin", "--out", "x.gguf"}, "--tokenizer"},
+		{[]string{"convert", "--builtin", "nope", "--out", "x.gguf"}, `--builtin "nope"`},
+		{[]string{"capacity", "--kv-memory", "12 parsecs"}, "--kv-memory"},
+		{[]string{"capacity", "--max-context", "-5"}, "--max-context -5"},
+		{[]string{"capacity", "--kv-safety-margin", "0.5"}, "--kv-safety-margin"},
+		{[]string{"capacity", "--scrub", "bleach"}, "--scrub"},
+		{[]string{"capacity", "--scrub", "none"}, "--allow-no-scrub"},
+		{[]string{"capacity", "--max-batch-tokens", "0"}, "--max-batch-tokens"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			r := pw(t, tc.args...)
+			if r.code != 2 {
+				t.Errorf("exit %d, want 2 (stderr %q)", r.code, r.stderr)
+			}
+			if !strings.HasPrefix(r.stderr, "pagewarden: ") || !strings.Contains(r.stderr, tc.msg) {
+				t.Errorf("stderr %q does not name %q", r.stderr, tc.msg)
+			}
+			if r.stdout != "" {
+				t.Errorf("stdout %q on a usage error", r.stdout)
+			}
+		})
+	}
+}
+
+// TestRunFailures checks the failures that are not the command line's
+// fault: exit 1 and a message that says what went wrong.
+func TestRunFailures(t *testing.T) {
+	dir := t.TempDir()
+	garbage := filepath.Join(dir, "garbage.gguf")
+	if err := os.WriteFile(garbage, []byte("GGUF\x03\x00\x00\x00 not really"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("a", 300) // byte-level vocabulary: 300 tokens + BOS
+	for _, tc := range []struct {
+		name string
+		args []string
+		msg  []string
+	}{
+		{"missing model file", []string{"run", "--model", filepath.Join(dir, "missing.gguf")}, []string{"missing.gguf", "no such file"}},
+		{"missing tokenizer", []string{"run", "--model", testdata.Path(t, "models", "stories260K.bin"), "--tokenizer", filepath.Join(dir, "tok.bin")}, []string{"tok.bin", "no such file"}},
+		{"checkpoint without tokenizer", []string{"run", "--model", testdata.Path(t, "models", "stories260K.bin")}, []string{"--tokenizer"}},
+		{"corrupt GGUF", []string{"run", "--model", garbage}, []string{"garbage.gguf", "gguf"}},
+		{"unknown builtin", []string{"run", "--model", "builtin:huge"}, []string{`"huge"`, "tiny"}},
+		{"prompt longer than the context", []string{"run", "--model", "builtin:tiny-short", "-t", "1", "--prompt", long}, []string{"301 tokens", "context window is 256", "shorten"}},
+		{"convert of a missing checkpoint", []string{"convert", "--checkpoint", filepath.Join(dir, "nope.bin"), "--tokenizer", "x", "--out", filepath.Join(dir, "o.gguf")}, []string{"nope.bin"}},
+		{"capacity of a missing model", []string{"capacity", "--model", filepath.Join(dir, "missing.gguf")}, []string{"missing.gguf"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := pw(t, tc.args...)
+			if r.code != 1 {
+				t.Errorf("exit %d, want 1 (stderr %q)", r.code, r.stderr)
+			}
+			for _, s := range tc.msg {
+				if !strings.Contains(r.stderr, s) {
+					t.Errorf("stderr %q does not mention %q", r.stderr, s)
+				}
+			}
+		})
+	}
+	// A prompt that fits but leaves less room than -n asks for is not an
+	// error: -n is lowered, with a note.
+	r := pw(t, "run", "--model", "builtin:tiny-short", "-t", "1", "--temperature", "0", "--prompt", strings.Repeat("b", 250), "-n", "20")
+	if r.code != 0 || !strings.Contains(r.stderr, "-n lowered to 5") {
+		t.Errorf("near-full prompt: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if m := summary.FindStringSubmatch(r.stderr); m == nil || m[1] != "251" || m[2] != "5" {
+		t.Errorf("near-full prompt: summary %q, want 251 prompt and 5 generated tokens", m)
+	}
+}
+
+func TestCapacity(t *testing.T) {
+	// builtin:tiny: 4 layers x 2 kv heads x 32, F32, pages of 16 tokens:
+	// 32 KiB per page.
+	r := pw(t, "capacity", "--model", "builtin:tiny", "--kv-memory", "8MiB")
+	if r.code != 0 {
+		t.Fatalf("exit %d, stderr:\n%s", r.code, r.stderr)
+	}
+	for _, s := range []string{"builtin:tiny", "kv memory        8388608 bytes (8.0 MiB)", "pages            256", "max context (W):   2048", "usable KV tokens:  4096"} {
+		if !strings.Contains(r.stdout, s) {
+			t.Errorf("capacity output does not contain %q:\n%s", s, r.stdout)
+		}
+	}
+	// F16 halves the page, doubling the pages.
+	if r := pw(t, "capacity", "--model", "builtin:tiny", "--kv-memory", "8MiB", "--kv-type", "f16"); !strings.Contains(r.stdout, "pages            512") {
+		t.Errorf("f16 capacity:\n%s", r.stdout)
+	}
+
+	// 1 MiB holds 32 pages = 512 tokens: far from 2 x 2048.
+	r = pw(t, "capacity", "--model", "builtin:tiny", "--kv-memory", "1MiB", "--max-context", "2048")
+	if r.code != 1 {
+		t.Errorf("exit %d, want 1", r.code)
+	}
+	for _, s := range []string{"--max-context 2048", "--kv-memory", "--kv-safety-margin", "lower --max-context to at most 256"} {
+		if !strings.Contains(r.stderr, s) {
+			t.Errorf("refusal %q does not name %q", r.stderr, s)
+		}
+	}
+	// The same budget with a window that fits is accepted.
+	if r := pw(t, "capacity", "--model", "builtin:tiny", "--kv-memory", "1MiB", "--max-context", "256"); r.code != 0 {
+		t.Errorf("--max-context 256 in 1MiB: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+func TestBench(t *testing.T) {
+	r := pw(t, "bench", "--model", "builtin:tiny", "-p", "8", "-n", "4", "-r", "1", "--threads-list", "1")
+	if r.code != 0 {
+		t.Fatalf("exit %d, stderr:\n%s", r.code, r.stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("want a header and two rows, got:\n%s", r.stdout)
+	}
+	row := regexp.MustCompile(`^\s*builtin:tiny\s+F32\s+1\s+(pp8|tg4)\s+[0-9.]+\s*$`)
+	for i, want := range []string{"pp8", "tg4"} {
+		m := row.FindStringSubmatch(lines[i+1])
+		if m == nil || m[1] != want {
+			t.Errorf("row %d %q, want a %s measurement", i+1, lines[i+1], want)
+		}
+	}
+	if !strings.Contains(lines[0], "tokens/s") {
+		t.Errorf("header %q", lines[0])
+	}
+}
