@@ -24,7 +24,7 @@ fi
 
 echo "== go test ./..."
 go test -count=1 -timeout 20m ./...
-echo "== go test -race (concurrent packages)"
-go test -count=1 -race -timeout 20m $(go list ./internal/... | grep -E '/(kvcache|sched|gateway|kernels|engine|cli)($|/)')
+echo "== go test -race -short (concurrent packages)"
+go test -count=1 -race -short -timeout 20m $(go list ./internal/... | grep -E '/(kvcache|sched|gateway|kernels|engine|node|loadgen|cli)($|/)')
 echo "== go test -tags purego (reference kernels)"
 go test -count=1 -tags purego -timeout 20m ./internal/kernels/... ./internal/engine/...

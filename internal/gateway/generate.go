@@ -184,6 +184,12 @@ func (c *call) generate(prompt []int, g genParams, resp responder) *apiError {
 
 	st, err := s.backend.Submit(c.ctx, p)
 	if err != nil {
+		if c.ctx.Err() != nil {
+			// The client hung up before the request started: nobody to
+			// answer, and not a server failure.
+			c.status, c.finish, c.err = 499, "client_closed", err
+			return nil
+		}
 		return backendError(fmt.Errorf("submit: %w", err))
 	}
 	count, e := c.relay(st, owner, &g, resp)

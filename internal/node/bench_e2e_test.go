@@ -1,0 +1,133 @@
+package node_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/pagewarden/pagewarden/internal/kvcache"
+	"github.com/pagewarden/pagewarden/internal/loadgen"
+	"github.com/pagewarden/pagewarden/internal/node"
+	"github.com/pagewarden/pagewarden/internal/request"
+)
+
+// benchNodeOptions are `pagewarden serve`'s defaults (zero scrub, prefix
+// cache on, 512 batch tokens, 64 running) on two threads.
+func benchNodeOptions() node.Options {
+	return node.Options{Threads: 2, Scrub: kvcache.ScrubZero, PrefixCache: true, MaxBatchTokens: 512, MaxRunning: 64}
+}
+
+// BenchmarkServeLoad drives the real server (builtin:tiny behind the
+// gateway on loopback) with 32 concurrent streaming clients from 4
+// tenants, 64 requests of a 64-token prompt and 64 output tokens per
+// iteration, and reports what the clients saw: throughput and p50/p99 time
+// to first token and inter-token latency over every iteration.
+//
+//	go test -run '^$' -bench BenchmarkServeLoad -benchtime 3x ./internal/node
+func BenchmarkServeLoad(b *testing.B) {
+	ids := []string{"t0", "t1", "t2", "t3"}
+	s := startE2E(b, e2eConfig{tenants: ids, node: benchNodeOptions(), direct: true, scrubAsGiven: true})
+	var keys []string
+	for _, id := range ids {
+		keys = append(keys, e2eKey(id))
+	}
+	cfg := loadgen.Config{
+		BaseURL: s.url, Keys: keys, Concurrency: 32, Requests: 64,
+		MaxTokens: 64, PromptTokens: 64, RequestTimeout: time.Minute,
+	}
+	var samples []loadgen.Sample
+	var elapsed time.Duration
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		r, err := loadgen.Run(context.Background(), cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		samples = append(samples, r.Samples...)
+		elapsed += r.Elapsed
+	}
+	b.StopTimer()
+	r := loadgen.NewReport(samples, len(keys), elapsed)
+	if r.Succeeded != r.Requests {
+		b.Errorf("%d of %d requests failed: %v", r.Requests-r.Succeeded, r.Requests, r.Errors)
+	}
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	b.ReportMetric(r.RequestsPerSec, "req/s")
+	b.ReportMetric(r.OutputTokensPerSec, "tok/s")
+	b.ReportMetric(ms(r.TTFT.P50), "ttft-p50-ms")
+	b.ReportMetric(ms(r.TTFT.P99), "ttft-p99-ms")
+	b.ReportMetric(ms(r.ITL.P50), "itl-p50-ms")
+	b.ReportMetric(ms(r.ITL.P99), "itl-p99-ms")
+}
+
+// BenchmarkGatewayAddedLatency measures what the gateway adds to a trivial
+// request: each iteration runs one 1-token greedy request straight through
+// node.Submit and the same request over HTTP (authentication, JSON,
+// tokenization, quota, owner checks, response), back to back so that both
+// see the same machine, and reports both and their difference in
+// microseconds.
+//
+//	go test -run '^$' -bench BenchmarkGatewayAddedLatency ./internal/node
+func BenchmarkGatewayAddedLatency(b *testing.B) {
+	for _, stream := range []bool{false, true} {
+		b.Run(fmt.Sprintf("stream=%v", stream), func(b *testing.B) {
+			s := startE2E(b, e2eConfig{node: benchNodeOptions(), direct: true, scrubAsGiven: true})
+			const prompt = "Hello"
+			ids, err := s.node.Tokenize(prompt, true, true)
+			if err != nil {
+				b.Fatal(err)
+			}
+			body, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": 1, "temperature": 0, "stream": stream})
+			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1, DisableCompression: true}}
+			defer client.CloseIdleConnections()
+			direct := func() {
+				st, err := s.node.Submit(context.Background(), request.Params{
+					Owner: request.Owner{Tenant: "a", ID: request.NewID()}, Prompt: ids, MaxTokens: 1})
+				if err != nil {
+					b.Fatal(err)
+				}
+				for range st.Tokens() {
+				}
+				if res := st.Result(); !res.Reason.Success() {
+					b.Fatalf("direct: %v %v", res.Reason, res.Err)
+				}
+			}
+			viaHTTP := func() {
+				req, _ := http.NewRequest("POST", s.url+"/v1/completions", bytes.NewReader(body))
+				req.Header.Set("Authorization", "Bearer "+e2eKeyA)
+				resp, err := client.Do(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				out, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err != nil || resp.StatusCode != 200 {
+					b.Fatalf("http: status %d %v: %s", resp.StatusCode, err, out)
+				}
+			}
+			direct() // warm both paths: the first step sizes scratch buffers
+			viaHTTP()
+			var dDirect, dHTTP time.Duration
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				t0 := time.Now()
+				direct()
+				t1 := time.Now()
+				viaHTTP()
+				dDirect += t1.Sub(t0)
+				dHTTP += time.Since(t1)
+			}
+			us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / float64(b.N) }
+			b.ReportMetric(us(dDirect), "direct-us")
+			b.ReportMetric(us(dHTTP), "http-us")
+			b.ReportMetric(us(dHTTP-dDirect), "added-us")
+		})
+	}
+}
