@@ -7,19 +7,18 @@ import "math"
 // once per activation row per MatMul, so they are plain Go in every build.
 
 const (
-	qk8   = 32  // values per Q8_0 / Q4_0 block
-	qkK   = 256 // values per K-quant super-block
-	q8Grp = 4   // Q8_0 weight rows interleaved together by NewMatrix
+	qk8 = 32  // values per Q8_0 / Q4_0 block
+	qkK = 256 // values per K-quant super-block
 )
 
 // quantizeQ8_0 quantises x (a multiple of 32 long) into Q8_0 blocks the way
 // ggml's x86 quantize_row_q8_0 does (the AVX path that produced the
 // project's goldens): per block d = amax/127, stored as fp16; the quants
 // are round-half-even(x * (127/amax)). q receives len(x) quants, d the
-// fp16-rounded scale of each block as float32, and c = -16 * (sum of the
-// block's quants), the bias correction the unsigned-times-signed AVX-512
-// VNNI kernel needs (see q8_amd64.s).
-func quantizeQ8_0(x []float32, q []int8, d []float32, c []int32) {
+// fp16-rounded scale of each block as float32, and s the sum of each
+// block's quants. MatMul uses quantizeQ8_0Packed, the same arithmetic
+// writing qgemm.go's layout.
+func quantizeQ8_0(x []float32, q []int8, d []float32, s []int32) {
 	nb := len(x) / qk8
 	for b := 0; b < nb; b++ {
 		xb := x[b*qk8 : (b+1)*qk8]
@@ -41,7 +40,7 @@ func quantizeQ8_0(x []float32, q []int8, d []float32, c []int32) {
 			qb[j] = qv
 			sum += int32(qv)
 		}
-		c[b] = -16 * sum
+		s[b] = sum
 	}
 }
 

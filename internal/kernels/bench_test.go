@@ -8,9 +8,11 @@ import (
 )
 
 // Benchmarks report GB/s of weight bytes (b.SetBytes), so a memory-bound
-// kernel can be compared directly with the machine's read bandwidth. Each
+// kernel can be compared directly with the machine's read bandwidth, and
+// MatMul also GFLOP/s (2*rows*cols*n per call), for compute-bound batches. Each
 // case runs the dispatched implementation ("simd") and the plain-Go
-// reference ("ref") in the same run. Example:
+// reference ("ref") in the same run; F32 also runs "dots", one dot product
+// per output as before the tiled kernels. Example:
 //
 //	go test ./internal/kernels -run '^$' -bench 'MatMul/Q8_0/2048x2048/n1' -benchtime 20x
 
@@ -62,24 +64,73 @@ func BenchmarkMatMul(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			for _, n := range []int{1, 8} {
+			for _, n := range []int{1, 8, 128} {
 				x := randF32(rng, n*cols)
 				dst := make([]float32, n*rows)
-				for _, impl := range []string{"simd", "ref"} {
+				for _, impl := range []string{"simd", "dots", "ref"} {
+					if impl == "ref" && n > 8 {
+						continue // minutes per shape; ref is the oracle, not a contender
+					}
+					if impl == "dots" && typ != quant.F32 {
+						continue
+					}
 					for _, threads := range []int{1, 2} {
 						name := fmt.Sprintf("%s/%dx%d/n%d/%s/t%d", typ, rows, cols, n, impl, threads)
 						b.Run(name, func(b *testing.B) {
-							if impl == "ref" {
+							switch impl {
+							case "ref":
 								defer useRef()()
+							case "dots":
+								// F32 as before the tiled kernels: one
+								// dot per output.
+								saved := gemmF32Impl
+								gemmF32Impl = gemmF32Generic
+								defer func() { gemmF32Impl = saved }()
 							}
 							b.SetBytes(int64(m.Bytes()))
 							b.ReportAllocs()
 							for b.Loop() {
 								MatMul(pools[threads], dst, m, x, n)
 							}
+							b.ReportMetric(2*float64(rows*cols*n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 						})
 					}
 				}
+			}
+		}
+	}
+}
+
+// BenchmarkQTile runs the packed Q8_0/Q4_0 tile kernels on cache-resident
+// data (one 16-row weight group of 2048 columns), to separate compute speed
+// from memory speed. GMAC/s counts int8 multiply-adds.
+func BenchmarkQTile(b *testing.B) {
+	rng := newRand(22)
+	const cols = 2048
+	nb := cols / qk8
+	for _, typ := range []quant.Type{quant.Q8_0, quant.Q4_0} {
+		m, err := NewMatrix(typ, qRows, cols, randWeights(rng, typ, qRows, cols))
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, width := range []int{1, 4, 8} {
+			x := randF32(rng, width*cols)
+			xq, xd, xc := make([]int8, width*cols), make([]float32, width*nb), make([]int32, width*nb)
+			for i := 0; i < width; i++ {
+				quantizeQ8_0Packed(x[i*cols:(i+1)*cols], width, i, qCorr(typ), xq, xd, xc)
+			}
+			out := make([]float32, width*qRows)
+			for _, v := range qTileVariants {
+				if v.name == "ref" {
+					continue
+				}
+				b.Run(fmt.Sprintf("%s/w%d/%s", typ, width, v.name), func(b *testing.B) {
+					b.ReportAllocs()
+					for b.Loop() {
+						v.fn(typ, width, 1, m.qw, m.qd, xq, xd, xc, out)
+					}
+					b.ReportMetric(float64(qRows*cols*width)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GMAC/s")
+				})
 			}
 		}
 	}

@@ -5,25 +5,6 @@ import "encoding/binary"
 // Row dequantisation, producing the same float32 bits as ggml's scalar
 // dequantize_row_* (each multiply and subtract rounded separately).
 
-func dequantQ8_0Block(d uint16, q []int8, dst []float32) {
-	df := f16ToF32(d)
-	for j, v := range q {
-		dst[j] = float32(v) * df
-	}
-}
-
-func dequantQ4_0Row(row []byte, dst []float32) {
-	for b := 0; b < len(dst)/qk8; b++ {
-		blk := row[b*18 : (b+1)*18]
-		d := f16ToF32(binary.LittleEndian.Uint16(blk))
-		out := dst[b*qk8 : (b+1)*qk8]
-		for j := 0; j < 16; j++ {
-			out[j] = float32(int32(blk[2+j]&0x0f)-8) * d
-			out[j+16] = float32(int32(blk[2+j]>>4)-8) * d
-		}
-	}
-}
-
 func dequantQ4KRow(row []byte, dst []float32) {
 	for b := 0; b < len(dst)/qkK; b++ {
 		blk := row[b*144 : (b+1)*144]

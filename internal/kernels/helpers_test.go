@@ -78,10 +78,12 @@ func randWeights(rng *rand.Rand, t quant.Type, rows, cols int) []byte {
 // useRef swaps every implementation for its reference for the duration of
 // a test and returns the function that restores them.
 func useRef() (restore func()) {
-	saved := []any{dotImpl, dotF16Impl, dotBF16Impl, axpyImpl, axpyF16Impl, f16ToF32sImpl, dotQ8x4Impl, dotQ4_0Impl, dotQ4KImpl, dotQ6KImpl}
+	saved := []any{dotImpl, dotF16Impl, dotBF16Impl, axpyImpl, axpyF16Impl, f16ToF32sImpl, qTileImpl, gemmF32Impl, kTileImpl, quantKImpl, quantQ8Impl, siluMulImpl, softmaxImpl}
 	dotImpl, dotF16Impl, dotBF16Impl = dotRef, dotF16Ref, dotBF16Ref
 	axpyImpl, axpyF16Impl, f16ToF32sImpl = axpyRef, axpyF16Ref, f16ToF32sRef
-	dotQ8x4Impl, dotQ4_0Impl, dotQ4KImpl, dotQ6KImpl = dotQ8x4Ref, dotQ4_0Ref, dotQ4KRef, dotQ6KRef
+	qTileImpl, gemmF32Impl, kTileImpl, quantKImpl = qTileRef, gemmF32Ref, kTileRef, quantizeQ8KPacked
+	quantQ8Impl = quantizeQ8_0Packed
+	siluMulImpl, softmaxImpl = siluMulRef, softmaxRef
 	return func() {
 		dotImpl = saved[0].(func([]float32, []float32) float32)
 		dotF16Impl = saved[1].(func([]float32, []uint16) float32)
@@ -89,9 +91,12 @@ func useRef() (restore func()) {
 		axpyImpl = saved[3].(func([]float32, float32, []float32))
 		axpyF16Impl = saved[4].(func([]float32, float32, []uint16))
 		f16ToF32sImpl = saved[5].(func([]float32, []uint16))
-		dotQ8x4Impl = saved[6].(func([]int8, []uint16, []int8, []float32, []int32, *[4]float32))
-		dotQ4_0Impl = saved[7].(func([]byte, []int8, []float32) float32)
-		dotQ4KImpl = saved[8].(func([]byte, []int8, []float32, []int16) float32)
-		dotQ6KImpl = saved[9].(func([]byte, []int8, []float32) float32)
+		qTileImpl = saved[6].(qTileFn)
+		gemmF32Impl = saved[7].(gemmF32Fn)
+		kTileImpl = saved[8].(kTileFn)
+		quantKImpl = saved[9].(quantKFn)
+		quantQ8Impl = saved[10].(quantQ8Fn)
+		siluMulImpl = saved[11].(func([]float32, []float32, []float32))
+		softmaxImpl = saved[12].(func([]float32))
 	}
 }

@@ -272,8 +272,8 @@ func TestQuantizeQ8_0(t *testing.T) {
 		}
 		sum += int32(q[i])
 	}
-	if c[0] != -16*sum || c[1] != 0 {
-		t.Fatalf("corrections = %v, want [%d 0]", c, -16*sum)
+	if c[0] != sum || c[1] != 0 {
+		t.Fatalf("sums = %v, want [%d 0]", c, sum)
 	}
 	for i := 32; i < 64; i++ {
 		if q[i] != 0 {
@@ -338,6 +338,251 @@ func TestUnpackQ6K(t *testing.T) {
 		for i := range a {
 			if want := q6KValue(blk[0:128], blk[128:192], i); int32(a[i]) != want {
 				t.Fatalf("value %d = %d, want %d", i, a[i], want)
+			}
+		}
+	}
+}
+
+// TestMatMulQMatchesGGML: MatMul over repacked Q8_0 and Q4_0 weights gives,
+// bit for bit, ggml's vec_dot over the original GGML rows with ggml's
+// Q8_0 activations, for every activation-group width (n = 1, 2..4, 5..8
+// and several groups with padding), row counts that leave a padded weight
+// group, and one or two threads.
+func TestMatMulQMatchesGGML(t *testing.T) {
+	rng := newRand(42)
+	pools := []*Pool{nil, NewPool(2)}
+	defer pools[1].Close()
+	for _, typ := range []quant.Type{quant.Q8_0, quant.Q4_0} {
+		for _, sh := range [][2]int{{16, 32}, {37, 96}, {5, 64}, {64, 576}} {
+			rows, cols := sh[0], sh[1]
+			data := randWeights(rng, typ, rows, cols)
+			m, err := NewMatrix(typ, rows, cols, data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rb, _ := quant.RowBytes(typ, cols)
+			for _, n := range []int{1, 2, 4, 5, 8, 9, 17} {
+				x := randF32(rng, n*cols)
+				nb := cols / 32
+				xq, xd, xs := make([]int8, n*cols), make([]float32, n*nb), make([]int32, n*nb)
+				for i := 0; i < n; i++ {
+					quantizeQ8_0(x[i*cols:(i+1)*cols], xq[i*cols:(i+1)*cols], xd[i*nb:(i+1)*nb], xs[i*nb:(i+1)*nb])
+				}
+				want := make([]float32, n*rows)
+				for i := 0; i < n; i++ {
+					for r := 0; r < rows; r++ {
+						row := data[r*rb : (r+1)*rb]
+						if typ == quant.Q8_0 {
+							want[i*rows+r] = dotQ8_0Ref(row, xq[i*cols:(i+1)*cols], xd[i*nb:(i+1)*nb])
+						} else {
+							want[i*rows+r] = dotQ4_0Ref(row, xq[i*cols:(i+1)*cols], xd[i*nb:(i+1)*nb])
+						}
+					}
+				}
+				for pi, p := range pools {
+					got := make([]float32, n*rows)
+					MatMul(p, got, m, x, n)
+					if diff := cmp.Diff(bitsOf(want), bitsOf(got)); diff != "" {
+						t.Fatalf("%s %dx%d n=%d pool %d: MatMul vs ggml vec_dot (-ggml +got bits):\n%s", typ, rows, cols, n, pi, diff)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestQuantizeQ8_0Packed: the packed quantiser writes exactly quantizeQ8_0's
+// quants, scales and (corrected) sums, in qgemm.go's layout, and leaves the
+// other rows of the group alone.
+func TestQuantizeQ8_0Packed(t *testing.T) {
+	rng := newRand(43)
+	const cols, nb = 96, 3
+	for _, width := range []int{1, 4, 8} {
+		for i := 0; i < width; i++ {
+			x := randF32(rng, cols)
+			q, d, s := make([]int8, cols), make([]float32, nb), make([]int32, nb)
+			quantizeQ8_0(x, q, d, s)
+			xq, xd, xc := make([]int8, width*cols), make([]float32, width*nb), make([]int32, width*nb)
+			for j := range xq {
+				xq[j] = 99
+			}
+			quantizeQ8_0Packed(x, width, i, -8, xq, xd, xc)
+			for b := 0; b < nb; b++ {
+				if xd[b*width+i] != d[b] || xc[b*width+i] != -8*s[b] {
+					t.Fatalf("width %d row %d block %d: d %v c %d, want %v %d", width, i, b, xd[b*width+i], xc[b*width+i], d[b], -8*s[b])
+				}
+				for k := 0; k < 32; k++ {
+					o := (b*8+k/4)*width*4 + i*4 + k%4
+					if xq[o] != q[b*32+k] {
+						t.Fatalf("width %d row %d: quant %d = %d, want %d", width, i, b*32+k, xq[o], q[b*32+k])
+					}
+					xq[o] = 99
+				}
+			}
+			for j, v := range xq {
+				if v != 99 {
+					t.Fatalf("width %d row %d: wrote xq[%d] of another row", width, i, j)
+				}
+			}
+		}
+	}
+}
+
+// TestMatMulKMatchesGGML: MatMul over repacked Q4_K and Q6_K weights gives,
+// bit for bit, ggml's vec_dot over the original GGML rows with ggml's Q8_K
+// activations, for one row (decode), a padded group and several groups,
+// weight row counts that leave a padded group, one or two threads.
+func TestMatMulKMatchesGGML(t *testing.T) {
+	rng := newRand(44)
+	pools := []*Pool{nil, NewPool(2)}
+	defer pools[1].Close()
+	for _, typ := range []quant.Type{quant.Q4_K, quant.Q6_K} {
+		for _, sh := range [][2]int{{16, 256}, {37, 512}, {3, 768}} {
+			rows, cols := sh[0], sh[1]
+			data := randWeights(rng, typ, rows, cols)
+			if typ == quant.Q4_K {
+				// Real Q4_K blocks too: quant.Quantize's scale/min packing.
+				q, err := quant.Quantize(typ, randF32(rng, rows*cols))
+				if err != nil {
+					t.Fatal(err)
+				}
+				data = q
+			}
+			m, err := NewMatrix(typ, rows, cols, data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rb, _ := quant.RowBytes(typ, cols)
+			nb := cols / 256
+			for _, n := range []int{1, 2, 4, 5, 9} {
+				x := randF32(rng, n*cols)
+				if n == 2 {
+					clear(x[:256]) // an all-zero super-block
+				}
+				xq, xd, bs := make([]int8, n*cols), make([]float32, n*nb), make([]int16, n*nb*16)
+				for i := 0; i < n; i++ {
+					quantizeQ8K(x[i*cols:(i+1)*cols], xq[i*cols:(i+1)*cols], xd[i*nb:(i+1)*nb], bs[i*nb*16:(i+1)*nb*16])
+				}
+				want := make([]float32, n*rows)
+				for i := 0; i < n; i++ {
+					for r := 0; r < rows; r++ {
+						row := data[r*rb : (r+1)*rb]
+						if typ == quant.Q4_K {
+							want[i*rows+r] = dotQ4KRef(row, xq[i*cols:(i+1)*cols], xd[i*nb:(i+1)*nb], bs[i*nb*16:(i+1)*nb*16])
+						} else {
+							want[i*rows+r] = dotQ6KRef(row, xq[i*cols:(i+1)*cols], xd[i*nb:(i+1)*nb])
+						}
+					}
+				}
+				for pi, p := range pools {
+					got := make([]float32, n*rows)
+					MatMul(p, got, m, x, n)
+					if diff := cmp.Diff(bitsOf(want), bitsOf(got)); diff != "" {
+						t.Fatalf("%s %dx%d n=%d pool %d: MatMul vs ggml vec_dot (-ggml +got bits):\n%s", typ, rows, cols, n, pi, diff)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestQuantizeQ8KPacked: the packed Q8_K quantiser writes quantizeQ8K's
+// quants and scale in kgemm.go's layout, with the bsum pairs each weight
+// type needs, and leaves the other rows of the group alone.
+func TestQuantizeQ8KPacked(t *testing.T) {
+	rng := newRand(45)
+	const cols, nb = 512, 2
+	for _, typ := range []quant.Type{quant.Q4_K, quant.Q6_K} {
+		for _, width := range []int{1, 4} {
+			for i := 0; i < width; i++ {
+				x := randF32(rng, cols)
+				if i == 1 {
+					clear(x[256:])
+				}
+				q, d, bs := make([]int8, cols), make([]float32, nb), make([]int16, nb*16)
+				quantizeQ8K(x, q, d, bs)
+				xq, xd, xp := make([]int8, width*cols), make([]float32, width*nb), make([]int32, width*nb*8)
+				for j := range xq {
+					xq[j] = 99
+				}
+				quantizeQ8KPacked(typ, x, width, i, xq, xd, xp)
+				for s := 0; s < nb; s++ {
+					if math.Float32bits(xd[s*width+i]) != math.Float32bits(d[s]) {
+						t.Fatalf("%s width %d row %d: d = %v, want %v", typ, width, i, xd[s*width+i], d[s])
+					}
+					for p := 0; p < 8; p++ {
+						var lo, hi int16
+						b := bs[s*16:]
+						if typ == quant.Q6_K {
+							lo, hi = b[2*p], b[2*p+1]
+						} else if p < 4 {
+							lo, hi = b[4*p]+b[4*p+1], b[4*p+2]+b[4*p+3]
+						}
+						v := uint32(xp[(s*8+p)*width+i])
+						if int16(v) != lo || int16(v>>16) != hi {
+							t.Fatalf("%s width %d row %d: pair %d = (%d, %d), want (%d, %d)", typ, width, i, p, int16(v), int16(v>>16), lo, hi)
+						}
+					}
+					for k := 0; k < 256; k++ {
+						o := s*256*width + (k/4)*width*4 + i*4 + k%4
+						if xq[o] != q[s*256+k] {
+							t.Fatalf("%s width %d row %d: quant %d = %d, want %d", typ, width, i, s*256+k, xq[o], q[s*256+k])
+						}
+						xq[o] = 99
+					}
+				}
+				for j, v := range xq {
+					if v != 99 {
+						t.Fatalf("%s width %d row %d: wrote xq[%d] of another row", typ, width, i, j)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestMatMulBatchInvariant: an activation row's outputs are bit-identical
+// whether it is multiplied alone or at any position of a batch of any
+// size, with any number of threads, for every weight type. Continuous
+// batching relies on this: a sequence's logits must not depend on which
+// other sequences (other tenants') share its step.
+func TestMatMulBatchInvariant(t *testing.T) {
+	rng := newRand(46)
+	pools := []*Pool{nil, NewPool(2), NewPool(3)}
+	defer pools[1].Close()
+	defer pools[2].Close()
+	for _, typ := range weightTypes {
+		bs := max(typ.BlockSize(), 32)
+		for _, sh := range [][2]int{{37, 3 * bs}, {64, 1100 / bs * bs}, {21, 2 * bs}} {
+			rows, cols := sh[0], sh[1]
+			if typ.BlockSize() == 256 {
+				cols = sh[1] / 256 * 256
+				if cols == 0 {
+					cols = 256
+				}
+			}
+			if typ.BlockSize() == 1 {
+				cols = sh[1] + 5 // a masked tail and, for 1100, three column chunks
+			}
+			m, err := NewMatrix(typ, rows, cols, randWeights(rng, typ, rows, cols))
+			if err != nil {
+				t.Fatal(err)
+			}
+			const n = 19
+			x := randF32(rng, n*cols)
+			alone := make([]float32, n*rows)
+			for i := 0; i < n; i++ {
+				MatMul(nil, alone[i*rows:(i+1)*rows], m, x[i*cols:(i+1)*cols], 1)
+			}
+			for _, sub := range [][2]int{{0, n}, {3, 7}, {5, 13}, {1, 3}, {2, 6}} {
+				for pi, p := range pools {
+					lo, hi := sub[0], sub[1]
+					got := make([]float32, (hi-lo)*rows)
+					MatMul(p, got, m, x[lo*cols:hi*cols], hi-lo)
+					if diff := cmp.Diff(bitsOf(alone[lo*rows:hi*rows]), bitsOf(got)); diff != "" {
+						t.Fatalf("%s %dx%d rows %d..%d pool %d: batched differs from alone (-alone +batched bits):\n%s", typ, rows, cols, lo, hi, pi, diff)
+					}
+				}
 			}
 		}
 	}

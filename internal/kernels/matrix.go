@@ -21,26 +21,26 @@ var (
 // products. Row r holds the weights of output r; Cols is the contiguous
 // (GGML ne0) dimension.
 //
-// F32, F16, BF16, Q4_0, Q4_K and Q6_K matrices alias the data given to
-// NewMatrix (when it is suitably aligned), so the caller must keep that
-// memory mapped and unchanged for the Matrix's lifetime. Q8_0 matrices are
-// repacked into their own memory.
+// F32, F16 and BF16 matrices alias the data given to NewMatrix (when it is
+// suitably aligned), so the caller must keep that memory mapped and
+// unchanged for the Matrix's lifetime. Quantised matrices are repacked into
+// their own memory.
 type Matrix struct {
 	typ        quant.Type
 	rows, cols int
 	rowBytes   int // GGML bytes per row
 
-	raw []byte    // Q4_0, Q4_K, Q6_K: GGML row-major blocks
 	f32 []float32 // F32
 	u16 []uint16  // F16, BF16
 
-	// Q8_0, repacked: rows are taken four at a time (the last group padded
-	// with zero rows); group g's block b holds the 4x32 quants of rows
-	// 4g..4g+3 at q8q[(g*nb+b)*128:], row-major within the block, and their
-	// fp16 scales at q8d[(g*nb+b)*4:]. One group's product then reads two
-	// sequential streams instead of four scattered ones.
-	q8q []int8
-	q8d []uint16
+	// Q8_0 and Q4_0, repacked into groups of 16 rows (the last padded with
+	// zero rows) so that a group's product reads one sequential stream of
+	// quants and one of scales; the layout is described in qgemm.go.
+	qw []byte
+	qd []uint16
+
+	// Q4_K and Q6_K, repacked into 16-row groups (kgemm.go).
+	kw []byte
 }
 
 // NewMatrix prepares rows x cols weights of type t from GGML row-major
@@ -73,10 +73,10 @@ func NewMatrix(t quant.Type, rows, cols int, data []byte) (*Matrix, error) {
 		m.f32 = viewF32(data)
 	case quant.F16, quant.BF16:
 		m.u16 = viewU16(data)
-	case quant.Q8_0:
-		m.repackQ8(data)
-	default:
-		m.raw = data
+	case quant.Q8_0, quant.Q4_0:
+		m.repackQ(data)
+	case quant.Q4_K, quant.Q6_K:
+		m.repackK(data)
 	}
 	return m, nil
 }
@@ -116,26 +116,6 @@ func viewU16(b []byte) []uint16 {
 
 func float32frombits(u uint32) float32 { return *(*float32)(unsafe.Pointer(&u)) }
 
-func (m *Matrix) repackQ8(data []byte) {
-	nb := m.cols / qk8
-	groups := (m.rows + q8Grp - 1) / q8Grp
-	m.q8q = make([]int8, groups*nb*q8Grp*qk8)
-	m.q8d = make([]uint16, groups*nb*q8Grp)
-	for r := 0; r < m.rows; r++ {
-		g, rr := r/q8Grp, r%q8Grp
-		row := data[r*m.rowBytes : (r+1)*m.rowBytes]
-		for b := 0; b < nb; b++ {
-			blk := row[b*34 : (b+1)*34]
-			gb := g*nb + b
-			m.q8d[gb*q8Grp+rr] = binary.LittleEndian.Uint16(blk)
-			dst := m.q8q[gb*q8Grp*qk8+rr*qk8 : gb*q8Grp*qk8+(rr+1)*qk8]
-			for j := range dst {
-				dst[j] = int8(blk[2+j])
-			}
-		}
-	}
-}
-
 // Rows returns the number of rows (outputs).
 func (m *Matrix) Rows() int { return m.rows }
 
@@ -167,19 +147,10 @@ func (m *Matrix) Row(r int, dst []float32) {
 		for i, h := range m.u16[r*c : (r+1)*c] {
 			dst[i] = bf16ToF32(h)
 		}
-	case quant.Q8_0:
-		nb := c / qk8
-		g, rr := r/q8Grp, r%q8Grp
-		for b := 0; b < nb; b++ {
-			gb := g*nb + b
-			dequantQ8_0Block(m.q8d[gb*q8Grp+rr], m.q8q[gb*q8Grp*qk8+rr*qk8:gb*q8Grp*qk8+(rr+1)*qk8], dst[b*qk8:(b+1)*qk8])
-		}
-	case quant.Q4_0:
-		dequantQ4_0Row(m.raw[r*m.rowBytes:(r+1)*m.rowBytes], dst)
-	case quant.Q4_K:
-		dequantQ4KRow(m.raw[r*m.rowBytes:(r+1)*m.rowBytes], dst)
-	case quant.Q6_K:
-		dequantQ6KRow(m.raw[r*m.rowBytes:(r+1)*m.rowBytes], dst)
+	case quant.Q8_0, quant.Q4_0:
+		m.rowQ(r, dst)
+	case quant.Q4_K, quant.Q6_K:
+		m.rowK(r, dst)
 	}
 }
 
@@ -187,10 +158,10 @@ func (m *Matrix) Row(r int, dst []float32) {
 type acts struct {
 	f  []float32 // F32/F16/BF16: n*cols (the caller's x for F32)
 	fo []float32 // owned buffer behind f for F16/BF16
-	q  []int8    // Q8_0/Q8_K quants, n*cols
-	d  []float32 // block scales, n*nb
-	c  []int32   // Q8_0 bias corrections, n*nb
-	bs []int16   // Q8_K bsums, n*cols/16
+	q  []int8    // Q8_0 (packed, see qgemm.go) or Q8_K quants (kgemm.go)
+	d  []float32 // block scales
+	c  []int32   // Q8_0: per-block corrections; Q8_K: bsum pairs
+	w  int       // activation-group width
 }
 
 var actsPool = sync.Pool{New: func() any { return new(acts) }}
@@ -222,7 +193,8 @@ const (
 // r < Rows, with activations converted as ggml's CPU backend converts them
 // for m's type (see the package comment). Output rows are split over p;
 // each weight row is streamed from memory once per call (activations are
-// taken in L2-sized tiles). It panics if x or dst is shorter than needed.
+// taken in L2-sized tiles) and, where the CPU allows, meets several
+// activation rows per load. It panics if x or dst is shorter than needed.
 func MatMul(p *Pool, dst []float32, m *Matrix, x []float32, n int) {
 	if n <= 0 {
 		return
@@ -231,13 +203,24 @@ func MatMul(p *Pool, dst []float32, m *Matrix, x []float32, n int) {
 	if len(x) < n*cols || len(dst) < n*rows {
 		panic("kernels: MatMul: x or dst too short")
 	}
+	x, dst = x[:n*cols], dst[:n*rows]
+	if m.typ == quant.F32 {
+		// Units are groups of 4 rows, the tiled kernel's height.
+		units := (rows + 3) / 4
+		grain := max(1, minShareMACs/(4*cols*n))
+		p.RunGrain(units, grain, func(lo, hi int) {
+			gemmF32Impl(dst, rows, m.f32, cols, 4*lo, min(rows, 4*hi), x, n)
+		})
+		return
+	}
 	a := actsPool.Get().(*acts)
 	defer a.release()
-	a.prepare(p, m.typ, x[:n*cols], n, cols)
+	a.prepare(p, m.typ, x, n, cols)
 
-	units, per := rows, 1 // units of work: rows, or 4-row groups for Q8_0
-	if m.typ == quant.Q8_0 {
-		units, per = (rows+q8Grp-1)/q8Grp, q8Grp
+	units, per := rows, 1 // units of work: rows, or 16-row groups
+	packed := m.qw != nil || m.kw != nil
+	if packed {
+		units, per = (rows+qRows-1)/qRows, qRows
 	}
 	grain := 1
 	if w := per * cols * n; w < minShareMACs {
@@ -249,7 +232,21 @@ func MatMul(p *Pool, dst []float32, m *Matrix, x []float32, n int) {
 		actBytes = cols + cols/8 // quants plus scales and sums
 	}
 	tile := max(1, actTileBytes/actBytes)
+	if packed {
+		tile = max(1, tile/a.w) // in activation groups
+	}
 	p.RunGrain(units, grain, func(lo, hi int) {
+		if packed {
+			groups := (n + a.w - 1) / a.w
+			for t0 := 0; t0 < groups; t0 += tile {
+				if m.qw != nil {
+					m.mulQGroups(dst, a, n, t0, min(groups, t0+tile), lo, hi)
+				} else {
+					m.mulKGroups(dst, a, n, t0, min(groups, t0+tile), lo, hi)
+				}
+			}
+			return
+		}
 		for t0 := 0; t0 < n; t0 += tile {
 			m.mulUnits(dst, a, t0, min(n, t0+tile), lo, hi)
 		}
@@ -258,8 +255,9 @@ func MatMul(p *Pool, dst []float32, m *Matrix, x []float32, n int) {
 
 // prepare converts the n activation rows of x for weights of type t.
 func (a *acts) prepare(p *Pool, t quant.Type, x []float32, n, cols int) {
-	*a = acts{fo: a.fo, q: a.q[:0], d: a.d[:0], c: a.c[:0], bs: a.bs[:0]}
+	*a = acts{fo: a.fo, q: a.q[:0], d: a.d[:0], c: a.c[:0]}
 	var conv func(i int)
+	tasks := n
 	switch t {
 	case quant.F32:
 		a.f = x
@@ -278,78 +276,127 @@ func (a *acts) prepare(p *Pool, t quant.Type, x []float32, n, cols int) {
 		}
 	case quant.Q8_0, quant.Q4_0:
 		nb := cols / qk8
-		a.q, a.d, a.c = grow(a.q, len(x)), grow(a.d, n*nb), grow(a.c, n*nb)
-		conv = func(i int) {
-			quantizeQ8_0(x[i*cols:(i+1)*cols], a.q[i*cols:(i+1)*cols], a.d[i*nb:(i+1)*nb], a.c[i*nb:(i+1)*nb])
+		w := qGroupWidth(n)
+		groups := (n + w - 1) / w
+		a.w = w
+		a.q, a.d, a.c = grow(a.q, groups*w*cols), grow(a.d, groups*w*nb), grow(a.c, groups*w*nb)
+		corr := qCorr(t)
+		tasks = groups * w
+		conv = func(r int) {
+			g, i := r/w, r%w
+			xq := a.q[g*w*cols : (g+1)*w*cols]
+			xd, xc := a.d[g*w*nb:(g+1)*w*nb], a.c[g*w*nb:(g+1)*w*nb]
+			if r >= n {
+				clearPackedRow(nb, w, i, xq, xd, xc)
+				return
+			}
+			quantQ8Impl(x[r*cols:(r+1)*cols], w, i, corr, xq, xd, xc)
 		}
 	case quant.Q4_K, quant.Q6_K:
 		nb := cols / qkK
-		a.q, a.d, a.bs = grow(a.q, len(x)), grow(a.d, n*nb), grow(a.bs, n*nb*16)
-		conv = func(i int) {
-			quantizeQ8K(x[i*cols:(i+1)*cols], a.q[i*cols:(i+1)*cols], a.d[i*nb:(i+1)*nb], a.bs[i*nb*16:(i+1)*nb*16])
+		w := kGroupWidth(n)
+		groups := (n + w - 1) / w
+		a.w = w
+		a.q, a.d, a.c = grow(a.q, groups*w*cols), grow(a.d, groups*w*nb), grow(a.c, groups*w*nb*8)
+		tasks = groups * w
+		var zero []float32
+		if tasks > n {
+			zero = make([]float32, cols) // padding rows quantise to zeros
+		}
+		conv = func(r int) {
+			g, i := r/w, r%w
+			xq := a.q[g*w*cols : (g+1)*w*cols]
+			xd, xp := a.d[g*w*nb:(g+1)*w*nb], a.c[g*w*nb*8:(g+1)*w*nb*8]
+			xr := zero
+			if r < n {
+				xr = x[r*cols : (r+1)*cols]
+			}
+			quantKImpl(t, xr, w, i, xq, xd, xp)
 		}
 	}
 	grain := max(1, minShareMACs/cols)
-	p.RunGrain(n, grain, func(lo, hi int) {
+	p.RunGrain(tasks, grain, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			conv(i)
 		}
 	})
 }
 
-// mulUnits computes the outputs of work units [lo, hi) for activation rows
-// [i0, i1). The weight unit is the outer loop so it is read from memory once
-// and from cache for the remaining activation rows.
+// mulQGroups computes, for a packed Q8_0/Q4_0 matrix, the outputs of weight
+// groups [lo, hi) for activation groups [g0, g1). The weight group is the
+// outer loop so it is read from memory once and from cache for the
+// remaining activation groups. A single activation row (decode) takes all
+// full groups in one call, writing straight into dst.
+func (m *Matrix) mulQGroups(dst []float32, a *acts, n, g0, g1, lo, hi int) {
+	rows, cols := m.rows, m.cols
+	nb := cols / qk8
+	gb := qGroupBytes(m.typ)
+	w := a.w
+	if n == 1 {
+		full := min(hi, rows/qRows)
+		if full > lo {
+			qTileImpl(m.typ, 1, full-lo, m.qw[lo*nb*gb:full*nb*gb], m.qd[lo*nb*qRows:full*nb*qRows], a.q[:cols], a.d[:nb], a.c[:nb], dst[lo*qRows:full*qRows])
+			lo = full
+		}
+	}
+	var out [qRows * 8]float32
+	for g := lo; g < hi; g++ {
+		wq := m.qw[g*nb*gb : (g+1)*nb*gb]
+		wd := m.qd[g*nb*qRows : (g+1)*nb*qRows]
+		r0 := g * qRows
+		nr := min(qRows, rows-r0)
+		for ag := g0; ag < g1; ag++ {
+			qTileImpl(m.typ, w, 1, wq, wd, a.q[ag*w*cols:(ag+1)*w*cols], a.d[ag*w*nb:(ag+1)*w*nb], a.c[ag*w*nb:(ag+1)*w*nb], out[:w*qRows])
+			for i := 0; i < w && ag*w+i < n; i++ {
+				o := (ag*w+i)*rows + r0
+				copy(dst[o:o+nr], out[i*qRows:i*qRows+nr])
+			}
+		}
+	}
+}
+
+// mulKGroups is mulQGroups for packed Q4_K/Q6_K matrices.
+func (m *Matrix) mulKGroups(dst []float32, a *acts, n, g0, g1, lo, hi int) {
+	rows, cols := m.rows, m.cols
+	nb := cols / qkK
+	rec := kRecBytes(m.typ)
+	w := a.w
+	if n == 1 {
+		full := min(hi, rows/qRows)
+		if full > lo {
+			kTileImpl(m.typ, 1, full-lo, m.kw[lo*nb*rec:full*nb*rec], a.q[:cols], a.d[:nb], a.c[:nb*8], dst[lo*qRows:full*qRows])
+			lo = full
+		}
+	}
+	var out [qRows * 8]float32
+	for g := lo; g < hi; g++ {
+		wk := m.kw[g*nb*rec : (g+1)*nb*rec]
+		r0 := g * qRows
+		nr := min(qRows, rows-r0)
+		for ag := g0; ag < g1; ag++ {
+			kTileImpl(m.typ, w, 1, wk, a.q[ag*w*cols:(ag+1)*w*cols], a.d[ag*w*nb:(ag+1)*w*nb], a.c[ag*w*nb*8:(ag+1)*w*nb*8], out[:w*qRows])
+			for i := 0; i < w && ag*w+i < n; i++ {
+				o := (ag*w+i)*rows + r0
+				copy(dst[o:o+nr], out[i*qRows:i*qRows+nr])
+			}
+		}
+	}
+}
+
+// mulUnits computes the outputs of rows [lo, hi) for activation rows
+// [i0, i1) of the F16 and BF16 matrices. The weight row is the outer loop
+// so it is read from memory once and from cache for the remaining
+// activation rows.
 func (m *Matrix) mulUnits(dst []float32, a *acts, i0, i1, lo, hi int) {
 	rows, cols := m.rows, m.cols
-	switch m.typ {
-	case quant.F32:
-		for r := lo; r < hi; r++ {
-			w := m.f32[r*cols : (r+1)*cols]
-			for i := i0; i < i1; i++ {
-				dst[i*rows+r] = dotImpl(a.f[i*cols:(i+1)*cols], w)
-			}
-		}
-	case quant.F16, quant.BF16:
-		dot := dotF16Impl
-		if m.typ == quant.BF16 {
-			dot = dotBF16Impl
-		}
-		for r := lo; r < hi; r++ {
-			w := m.u16[r*cols : (r+1)*cols]
-			for i := i0; i < i1; i++ {
-				dst[i*rows+r] = dot(a.f[i*cols:(i+1)*cols], w)
-			}
-		}
-	case quant.Q8_0:
-		nb := cols / qk8
-		var out [4]float32
-		for g := lo; g < hi; g++ {
-			w := m.q8q[g*nb*q8Grp*qk8 : (g+1)*nb*q8Grp*qk8]
-			ws := m.q8d[g*nb*q8Grp : (g+1)*nb*q8Grp]
-			nr := min(q8Grp, rows-g*q8Grp)
-			for i := i0; i < i1; i++ {
-				dotQ8x4Impl(w, ws, a.q[i*cols:(i+1)*cols], a.d[i*nb:(i+1)*nb], a.c[i*nb:(i+1)*nb], &out)
-				copy(dst[i*rows+g*q8Grp:i*rows+g*q8Grp+nr], out[:nr])
-			}
-		}
-	case quant.Q4_0, quant.Q4_K, quant.Q6_K:
-		nb := cols / m.typ.BlockSize()
-		for r := lo; r < hi; r++ {
-			w := m.raw[r*m.rowBytes : (r+1)*m.rowBytes]
-			for i := i0; i < i1; i++ {
-				xq, xd := a.q[i*cols:(i+1)*cols], a.d[i*nb:(i+1)*nb]
-				var v float32
-				switch m.typ {
-				case quant.Q4_0:
-					v = dotQ4_0Impl(w, xq, xd)
-				case quant.Q4_K:
-					v = dotQ4KImpl(w, xq, xd, a.bs[i*nb*16:(i+1)*nb*16])
-				default:
-					v = dotQ6KImpl(w, xq, xd)
-				}
-				dst[i*rows+r] = v
-			}
+	dot := dotF16Impl
+	if m.typ == quant.BF16 {
+		dot = dotBF16Impl
+	}
+	for r := lo; r < hi; r++ {
+		w := m.u16[r*cols : (r+1)*cols]
+		for i := i0; i < i1; i++ {
+			dst[i*rows+r] = dot(a.f[i*cols:(i+1)*cols], w)
 		}
 	}
 }

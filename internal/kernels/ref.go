@@ -6,11 +6,14 @@ import (
 )
 
 // Plain-Go reference kernels. They are the test oracle for the assembly and
-// the implementation on every platform without it. Float kernels keep four
-// partial sums (readable, and 2-3x faster than one); the quantised ones
-// follow ggml's scalar vec_dot functions step by step, with explicit
-// float32 conversions wherever ggml rounds, so that the Go compiler cannot
-// fuse a multiply-add and change the bits.
+// the implementation on every platform without it. The quantised vec_dot
+// functions below work on GGML's own row layout: MatMul computes the same
+// thing over repacked weights (qTileRef, kTileRef), and tests hold the two
+// bit-identical, tying the packing to ggml's definitions. Float kernels keep
+// four partial sums (readable, and 2-3x faster than one); the quantised ones
+// follow ggml's scalar vec_dot functions step by step, with explicit float32
+// conversions wherever ggml rounds, so that the Go compiler cannot fuse a
+// multiply-add and change the bits.
 
 func dotRef(a, b []float32) float32 {
 	b = b[:len(a)]
@@ -139,34 +142,32 @@ func addRef(dst, x []float32) {
 	}
 }
 
-// dotQ8x4Ref is the Q8_0 x Q8_0 product of one interleaved group of four
-// weight rows with one quantised activation row. w holds nb blocks of 4x32
-// quants (block b of row r at w[b*128+r*32:]), ws the rows' fp16 scales
-// (ws[b*4+r]), xq and xd the activation's quants and scales. For each row it
-// computes ggml_vec_dot_q8_0_q8_0 (the bias corrections of
-// quantizeQ8_0 are only for the VNNI kernel and unused here): sum over blocks, in block order, of
-// float(int dot) * (d_w*d_x), each product rounded to float32.
-func dotQ8x4Ref(w []int8, ws []uint16, xq []int8, xd []float32, _ []int32, out *[4]float32) {
+// dotQ8_0Ref is ggml_vec_dot_q8_0_q8_0 over one GGML Q8_0 row (34-byte
+// blocks: fp16 d, 32 int8 quants): the sum, in block order, of
+// float(int dot) * (d_w*d_x), each product rounded to float32. MatMul
+// computes this with packed weights (qTileRef); this form over GGML bytes
+// is the test oracle tying the packing to ggml's definition.
+func dotQ8_0Ref(row []byte, xq []int8, xd []float32) float32 {
 	nb := len(xd)
-	var acc [4]float32
+	row, xq = row[:nb*34], xq[:nb*qk8]
+	var acc float32
 	for b := 0; b < nb; b++ {
-		xb := xq[b*qk8 : (b+1)*qk8]
-		for r := 0; r < q8Grp; r++ {
-			wb := w[b*q8Grp*qk8+r*qk8 : b*q8Grp*qk8+(r+1)*qk8]
-			var sumi int32
-			for j := range xb {
-				sumi += int32(wb[j]) * int32(xb[j])
-			}
-			d := float32(f16ToF32(ws[b*q8Grp+r]) * xd[b])
-			acc[r] += float32(float32(sumi) * d)
+		blk := (*[34]byte)(row[b*34:])
+		xb := (*[qk8]int8)(xq[b*qk8:])
+		var sumi int32
+		for j := range xb {
+			sumi += int32(int8(blk[2+j])) * int32(xb[j])
 		}
+		d := float32(f16ToF32(binary.LittleEndian.Uint16(blk[:])) * xd[b])
+		acc += float32(float32(sumi) * d)
 	}
-	*out = acc
+	return acc
 }
 
 // dotQ4_0Ref is ggml_vec_dot_q4_0_q8_0 over one GGML Q4_0 row (18-byte
 // blocks: fp16 d, 16 bytes of nibbles; the low nibbles are values 0..15 of
 // the block, the high nibbles values 16..31, each stored with +8 bias).
+// Like dotQ8_0Ref it is the oracle for the packed kernels.
 func dotQ4_0Ref(row []byte, xq []int8, xd []float32) float32 {
 	nb := len(xd)
 	row, xq = row[:nb*18], xq[:nb*qk8]

@@ -2,7 +2,15 @@
 
 package kernels
 
-import "golang.org/x/sys/cpu"
+//go:generate go run asmgen.go
+
+import (
+	"math"
+
+	"golang.org/x/sys/cpu"
+
+	"github.com/pagewarden/pagewarden/internal/quant"
+)
 
 // Feature levels this package has kernels for. AVX-512 kernels also use
 // BW and VL (masked 16-bit tail loads on ymm registers) and F16C-class
@@ -28,7 +36,12 @@ var (
 	axpyVariants      = []variant[func(dst []float32, a float32, x []float32)]{{"ref", axpyRef}}
 	axpyF16Variants   = []variant[func(dst []float32, a float32, x []uint16)]{{"ref", axpyF16Ref}}
 	f16ToF32sVariants = []variant[func(dst []float32, src []uint16)]{{"ref", f16ToF32sRef}}
-	dotQ8x4Variants   = []variant[func(w []int8, ws []uint16, xq []int8, xd []float32, xc []int32, out *[4]float32)]{{"ref", dotQ8x4Ref}}
+	qTileVariants     = []variant[qTileFn]{{"ref", qTileRef}}
+	gemmF32Variants   = []variant[gemmF32Fn]{{"ref", gemmF32Ref}}
+	quantQ8Variants   = []variant[quantQ8Fn]{{"ref", quantizeQ8_0Packed}}
+	kTileVariants     = []variant[kTileFn]{{"ref", kTileRef}}
+	siluMulVariants   = []variant[func(dst, gate, up []float32)]{{"ref", siluMulRef}}
+	softmaxVariants   = []variant[func(x []float32)]{{"ref", softmaxRef}}
 )
 
 func init() {
@@ -37,7 +50,8 @@ func init() {
 		dotVariants = append(dotVariants, variant[func(a, b []float32) float32]{"avx2", dotAVX2})
 		dotF16Variants = append(dotF16Variants, variant[func(a []float32, b []uint16) float32]{"avx2", dotF16AVX2Go})
 		f16ToF32sVariants = append(f16ToF32sVariants, variant[func(dst []float32, src []uint16)]{"avx2", f16ToF32sAVX2Go})
-		dotQ8x4Variants = append(dotQ8x4Variants, variant[func([]int8, []uint16, []int8, []float32, []int32, *[4]float32)]{"avx2", dotQ8x4AVX2Go})
+		qTileVariants = append(qTileVariants, variant[qTileFn]{"avx2", qTileAVX2})
+		gemmF32Variants = append(gemmF32Variants, variant[gemmF32Fn]{"avx2", gemmF32Generic})
 	}
 	if hasAVX512 {
 		simdName = "avx512"
@@ -46,17 +60,27 @@ func init() {
 		axpyVariants = append(axpyVariants, variant[func([]float32, float32, []float32)]{"avx512", axpyAVX512Go})
 		axpyF16Variants = append(axpyF16Variants, variant[func([]float32, float32, []uint16)]{"avx512", axpyF16AVX512Go})
 		f16ToF32sVariants = append(f16ToF32sVariants, variant[func(dst []float32, src []uint16)]{"avx512", f16ToF32sAVX512Go})
+		gemmF32Variants = append(gemmF32Variants, variant[gemmF32Fn]{"avx512", gemmF32AVX512})
+		quantQ8Variants = append(quantQ8Variants, variant[quantQ8Fn]{"avx512", quantizeQ8_0PackedAVX512})
+		siluMulVariants = append(siluMulVariants, variant[func(dst, gate, up []float32)]{"avx512", siluMulAVX512Go})
+		softmaxVariants = append(softmaxVariants, variant[func(x []float32)]{"avx512", softmaxAVX512})
 	}
 	if hasVNNI512 {
 		simdName = "avx512vnni"
-		dotQ8x4Variants = append(dotQ8x4Variants, variant[func([]int8, []uint16, []int8, []float32, []int32, *[4]float32)]{"avx512vnni", dotQ8x4VNNIGo})
+		qTileVariants = append(qTileVariants, variant[qTileFn]{"avx512vnni", qTileVNNI})
+		kTileVariants = append(kTileVariants, variant[kTileFn]{"avx512vnni", kTileVNNI})
 	}
 	dotImpl = dotVariants[len(dotVariants)-1].fn
 	dotF16Impl = dotF16Variants[len(dotF16Variants)-1].fn
 	axpyImpl = axpyVariants[len(axpyVariants)-1].fn
 	axpyF16Impl = axpyF16Variants[len(axpyF16Variants)-1].fn
 	f16ToF32sImpl = f16ToF32sVariants[len(f16ToF32sVariants)-1].fn
-	dotQ8x4Impl = dotQ8x4Variants[len(dotQ8x4Variants)-1].fn
+	qTileImpl = qTileVariants[len(qTileVariants)-1].fn
+	gemmF32Impl = gemmF32Variants[len(gemmF32Variants)-1].fn
+	quantQ8Impl = quantQ8Variants[len(quantQ8Variants)-1].fn
+	kTileImpl = kTileVariants[len(kTileVariants)-1].fn
+	siluMulImpl = siluMulVariants[len(siluMulVariants)-1].fn
+	softmaxImpl = softmaxVariants[len(softmaxVariants)-1].fn
 }
 
 // Slice wrappers: they bound every pointer the assembly reads or writes by
@@ -127,22 +151,198 @@ func axpyF16AVX512Go(dst []float32, a float32, x []uint16) {
 	axpyF16AVX512(&dst[0], a, &x[0], len(dst))
 }
 
-func dotQ8x4VNNIGo(w []int8, ws []uint16, xq []int8, xd []float32, xc []int32, out *[4]float32) {
-	nb := len(xd)
-	if nb == 0 {
-		*out = [4]float32{}
+// qTileVNNI runs the AVX-512 VNNI tile kernel for the group width.
+func qTileVNNI(t quant.Type, width, ng int, w []byte, wd []uint16, xq []int8, xd []float32, xc []int32, out []float32) {
+	if ng <= 0 {
 		return
 	}
-	w, ws, xq, xc = w[:nb*q8Grp*qk8], ws[:nb*q8Grp], xq[:nb*qk8], xc[:nb]
-	dotQ8x4VNNI(&w[0], &ws[0], &xq[0], &xd[0], &xc[0], nb, out)
+	nb := len(wd) / (qRows * ng)
+	out = out[:ng*width*qRows]
+	if nb == 0 {
+		clear(out)
+		return
+	}
+	w, wd, xq, xd, xc = w[:ng*nb*qGroupBytes(t)], wd[:ng*nb*qRows], xq[:nb*qk8*width], xd[:nb*width], xc[:nb*width]
+	var k func(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, ng int, out *float32)
+	q4 := t == quant.Q4_0
+	switch {
+	case width == 1 && q4:
+		k = gemmQ4VNNIw1
+	case width == 1:
+		k = gemmQ8VNNIw1
+	case width == 4 && q4:
+		k = gemmQ4VNNIw4
+	case width == 4:
+		k = gemmQ8VNNIw4
+	case width == 8 && q4:
+		k = gemmQ4VNNIw8
+	case width == 8:
+		k = gemmQ8VNNIw8
+	default:
+		panic("kernels: no VNNI tile kernel for this group width")
+	}
+	k(&w[0], &wd[0], &xq[0], &xd[0], &xc[0], nb, ng, &out[0])
 }
 
-func dotQ8x4AVX2Go(w []int8, ws []uint16, xq []int8, xd []float32, xc []int32, out *[4]float32) {
-	nb := len(xd)
-	if nb == 0 {
-		*out = [4]float32{}
+// qTileAVX2 runs the AVX2 one-activation kernel for each group and row.
+func qTileAVX2(t quant.Type, width, ng int, w []byte, wd []uint16, xq []int8, xd []float32, xc []int32, out []float32) {
+	if ng <= 0 {
 		return
 	}
-	w, ws, xq = w[:nb*q8Grp*qk8], ws[:nb*q8Grp], xq[:nb*qk8]
-	dotQ8x4AVX2(&w[0], &ws[0], &xq[0], &xd[0], nil, nb, out)
+	nb := len(wd) / (qRows * ng)
+	out = out[:ng*width*qRows]
+	if nb == 0 {
+		clear(out)
+		return
+	}
+	gb := qGroupBytes(t)
+	w, wd, xq, xd, xc = w[:ng*nb*gb], wd[:ng*nb*qRows], xq[:nb*qk8*width], xd[:nb*width], xc[:nb*width]
+	k := gemmQ8AVX2
+	if t == quant.Q4_0 {
+		k = gemmQ4AVX2
+	}
+	for g := 0; g < ng; g++ {
+		for i := 0; i < width; i++ {
+			k(&w[g*nb*gb], &wd[g*nb*qRows], &xq[4*i], &xd[i], &xc[i], nb, width, &out[(g*width+i)*qRows])
+		}
+	}
+}
+
+// gemmF32AVX512 runs the 4 x a tiled kernels over weight rows [r0, r1) in
+// column chunks (f32ChunkCols); rows left over from the groups of four take
+// dot products.
+//
+// Every output is computed with the same arithmetic whatever n and
+// whichever tile holds it: per column chunk (fixed boundaries), lane j of
+// its accumulator sums the products of columns j mod 16 in order, the
+// lanes are folded by one fixed tree, and the chunk sums are added to dst
+// in order. A sequence's results therefore do not depend on which other
+// sequences share the batch, bit for bit.
+func gemmF32AVX512(dst []float32, ds int, w []float32, cols, r0, r1 int, x []float32, n int) {
+	if n <= 0 || r1 <= r0 {
+		return
+	}
+	// Bounds every kernel access stays within (a short slice panics here).
+	_, _, _ = w[r1*cols-1], x[n*cols-1], dst[(n-1)*ds+r1-1]
+	full := r0 + (r1-r0)&^3
+	maxA := len(gemmF32Kernels)
+	kcMax := f32ChunkCols(cols)
+	if n == 1 {
+		if full > r0 {
+			gemmF32Rows1(&w[r0*cols], 4*cols, &x[0], cols, kcMax, full-r0, &dst[r0])
+		}
+		gemmF32Dots(dotImpl, dst, ds, w, cols, full, r1, x, n)
+		return
+	}
+	for i := 0; i < n; i++ {
+		clear(dst[i*ds+r0 : i*ds+full])
+	}
+	if n*cols*4 <= f32ActBytes {
+		// All activations stay in L2: finish each group of rows before the
+		// next, so the weights are read in order (chunk-major order would
+		// turn them into a strided read, which DRAM serves far slower).
+		for r := r0; r < full; r += 4 {
+			for k0 := 0; k0 < cols; k0 += kcMax {
+				kc := min(kcMax, cols-k0)
+				wp := &w[r*cols+k0]
+				for i := 0; i < n; i += maxA {
+					a := min(maxA, n-i)
+					gemmF32Kernels[a-1](wp, 4*cols, &x[i*cols+k0], 4*cols, kc, &dst[i*ds+r], 4*ds)
+				}
+			}
+		}
+	} else {
+		// Activations in L2-sized passes; within a pass, one column chunk
+		// of them stays in L2 while every group of rows meets it.
+		pass := max(maxA, f32ActBytes/(4*kcMax)/maxA*maxA)
+		for i0 := 0; i0 < n; i0 += pass {
+			i1 := min(n, i0+pass)
+			for k0 := 0; k0 < cols; k0 += kcMax {
+				kc := min(kcMax, cols-k0)
+				for r := r0; r < full; r += 4 {
+					wp := &w[r*cols+k0]
+					for i := i0; i < i1; i += maxA {
+						a := min(maxA, i1-i)
+						gemmF32Kernels[a-1](wp, 4*cols, &x[i*cols+k0], 4*cols, kc, &dst[i*ds+r], 4*ds)
+					}
+				}
+			}
+		}
+	}
+	gemmF32Dots(dotImpl, dst, ds, w, cols, full, r1, x, n)
+}
+
+// quantizeQ8_0PackedAVX512 is quantizeQ8_0Packed in assembly.
+func quantizeQ8_0PackedAVX512(x []float32, width, i int, corr int32, xq []int8, xd []float32, xc []int32) {
+	nb := len(x) / qk8
+	if nb == 0 {
+		return
+	}
+	if i < 0 || i >= width {
+		panic("kernels: quantizeQ8_0Packed: row outside its group")
+	}
+	xq, xd, xc = xq[:nb*qk8*width], xd[:nb*width], xc[:nb*width]
+	quantQ8_0AVX512(&x[0], nb, &xq[4*i], 4*width, &xd[i], &xc[i], corr)
+}
+
+// kTileVNNI runs the AVX-512 VNNI K-quant tile kernel for the group width.
+func kTileVNNI(t quant.Type, width, ng int, w []byte, xq []int8, xd []float32, xp []int32, out []float32) {
+	if ng <= 0 {
+		return
+	}
+	rec := kRecBytes(t)
+	nb := len(w) / (rec * ng)
+	out = out[:ng*width*qRows]
+	if nb == 0 {
+		clear(out)
+		return
+	}
+	w, xq, xd, xp = w[:ng*nb*rec], xq[:nb*qkK*width], xd[:nb*width], xp[:nb*8*width]
+	var k func(w *byte, xq *int8, xd *float32, xp *int32, nb, ng int, out *float32)
+	q6 := t == quant.Q6_K
+	switch {
+	case width == 1 && q6:
+		k = gemmQ6KVNNIw1
+	case width == 1:
+		k = gemmQ4KVNNIw1
+	case width == 4 && q6:
+		k = gemmQ6KVNNIw4
+	case width == 4:
+		k = gemmQ4KVNNIw4
+	default:
+		panic("kernels: no VNNI K-quant kernel for this group width")
+	}
+	k(&w[0], &xq[0], &xd[0], &xp[0], nb, ng, &out[0])
+}
+
+func siluMulAVX512Go(dst, gate, up []float32) {
+	if len(dst) == 0 {
+		return
+	}
+	gate, up = gate[:len(dst)], up[:len(dst)]
+	siluMulAVX512(&dst[0], &gate[0], &up[0], len(dst))
+}
+
+// softmaxAVX512 is softmaxRef with the exponentials in assembly (about 1
+// ulp from the correctly rounded exp); the max, the float64 sum and the
+// scaling are the reference's, in its order.
+func softmaxAVX512(x []float32) {
+	if len(x) == 0 {
+		return
+	}
+	max := float32(math.Inf(-1))
+	for _, v := range x {
+		if v > max {
+			max = v
+		}
+	}
+	expSubAVX512(&x[0], &x[0], len(x), max)
+	var sum float64
+	for _, e := range x {
+		sum += float64(e)
+	}
+	inv := float32(1 / sum)
+	for i := range x {
+		x[i] *= inv
+	}
 }

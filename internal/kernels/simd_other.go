@@ -17,5 +17,10 @@ var (
 	axpyVariants      = []variant[func(dst []float32, a float32, x []float32)]{{"ref", axpyRef}}
 	axpyF16Variants   = []variant[func(dst []float32, a float32, x []uint16)]{{"ref", axpyF16Ref}}
 	f16ToF32sVariants = []variant[func(dst []float32, src []uint16)]{{"ref", f16ToF32sRef}}
-	dotQ8x4Variants   = []variant[func(w []int8, ws []uint16, xq []int8, xd []float32, xc []int32, out *[4]float32)]{{"ref", dotQ8x4Ref}}
+	qTileVariants     = []variant[qTileFn]{{"ref", qTileRef}}
+	gemmF32Variants   = []variant[gemmF32Fn]{{"ref", gemmF32Ref}}
+	quantQ8Variants   = []variant[quantQ8Fn]{{"ref", quantizeQ8_0Packed}}
+	kTileVariants     = []variant[kTileFn]{{"ref", kTileRef}}
+	siluMulVariants   = []variant[func(dst, gate, up []float32)]{{"ref", siluMulRef}}
+	softmaxVariants   = []variant[func(x []float32)]{{"ref", softmaxRef}}
 )

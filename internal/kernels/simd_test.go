@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/pagewarden/pagewarden/internal/quant"
 )
 
 // Differential tests: every implementation usable on this CPU against the
@@ -162,51 +163,263 @@ func TestF16ToF32sVariants(t *testing.T) {
 	}
 }
 
-// TestDotQ8x4Variants: the quantised group kernels are bit-identical to the
-// reference, for every block count, including extreme quants (-128 weights,
-// ±127 activations) that would saturate a careless 16-bit pairing.
-func TestDotQ8x4Variants(t *testing.T) {
+// TestQTileVariants: the packed Q8_0/Q4_0 tile kernels are bit-identical
+// to the reference for every group width MatMul uses and every block
+// count, including extreme quants (-128 weights, ±127 activations) that
+// would saturate a careless 16-bit pairing.
+func TestQTileVariants(t *testing.T) {
 	rng := newRand(13)
-	for _, v := range dotQ8x4Variants {
-		for _, nb := range []int{0, 1, 2, 3, 5, 18, 64, 176} {
-			for trial := 0; trial < 6; trial++ {
-				woff, xoff := rng.IntN(16), rng.IntN(16)
-				w := make([]int8, woff+nb*128)[woff:]
-				ws := make([]uint16, nb*4)
-				for i := range w {
-					switch trial {
-					case 0:
-						w[i] = -128
-					case 1:
-						w[i] = 127
-					default:
-						w[i] = int8(rng.Uint32())
+	for _, v := range qTileVariants {
+		for _, typ := range []quant.Type{quant.Q8_0, quant.Q4_0} {
+			for _, width := range []int{1, 4, 8} {
+				for _, nb := range []int{0, 1, 2, 3, 5, 18, 64} {
+					for trial := 0; trial < 4; trial++ {
+						rows := qRows
+						if trial == 3 {
+							rows = 5 // a padded group
+						}
+						cols := nb * qk8
+						data := randWeights(rng, typ, rows, max(cols, qk8))
+						if trial < 2 {
+							fill := byte(0x80) // Q8_0: -128; Q4_0: nibbles 0 (value -8)
+							if trial == 1 {
+								fill = 0x7f // Q8_0: 127; Q4_0: 15 and 7
+							}
+							bb := typ.BlockBytes()
+							for o := 0; o < len(data); o += bb {
+								for j := 2; j < bb; j++ {
+									data[o+j] = fill
+								}
+							}
+						}
+						var wq []byte
+						var wd []uint16
+						if nb > 0 {
+							m, err := NewMatrix(typ, rows, cols, data[:rows*nb*typ.BlockBytes()])
+							if err != nil {
+								t.Fatal(err)
+							}
+							wq, wd = m.qw, m.qd
+						}
+						x := randF32(rng, width*cols)
+						if trial < 2 {
+							for i := range x {
+								x[i] = float32(1 - 2*(i%2)) // quantises to ±127
+							}
+						}
+						xoff := rng.IntN(16)
+						xq := make([]int8, xoff+width*cols)[xoff:]
+						xd, xc := make([]float32, width*nb), make([]int32, width*nb)
+						for i := 0; i < width; i++ {
+							if trial == 2 && i == width-1 && width > 1 {
+								clearPackedRow(nb, width, i, xq, xd, xc)
+								continue
+							}
+							quantizeQ8_0Packed(x[i*cols:(i+1)*cols], width, i, qCorr(typ), xq, xd, xc)
+						}
+						ng := 1
+						if trial == 2 && nb > 0 {
+							// Several weight groups in one call.
+							ng = 3
+							m, err := NewMatrix(typ, ng*qRows, cols, randWeights(rng, typ, ng*qRows, cols))
+							if err != nil {
+								t.Fatal(err)
+							}
+							wq, wd = m.qw, m.qd
+						}
+						got, check := guarded(t, ng*width*qRows, rng.IntN(8))
+						want := make([]float32, ng*width*qRows)
+						v.fn(typ, width, ng, wq, wd, xq, xd, xc, got)
+						check()
+						qTileRef(typ, width, ng, wq, wd, xq, xd, xc, want)
+						if diff := cmp.Diff(bitsOf(want), bitsOf(got)); diff != "" {
+							t.Fatalf("%s %s width=%d nb=%d trial=%d: (-ref +got bits):\n%s", v.name, typ, width, nb, trial, diff)
+						}
 					}
-				}
-				for i := range ws {
-					ws[i] = f32ToF16(float32(rng.NormFloat64() * 0.01))
-				}
-				x := randF32(rng, nb*32)
-				if trial < 2 {
-					for i := range x {
-						x[i] = float32(1 - 2*(i%2)) // quantises to ±127
-					}
-				}
-				xq := make([]int8, xoff+nb*32)[xoff:]
-				xd, xc := make([]float32, nb), make([]int32, nb)
-				quantizeQ8_0(x, xq, xd, xc)
-				var got, want [4]float32
-				got = [4]float32{sentinel, sentinel, sentinel, sentinel}
-				v.fn(w, ws, xq, xd, xc, &got)
-				dotQ8x4Ref(w, ws, xq, xd, xc, &want)
-				if diff := cmp.Diff(bits4(want), bits4(got)); diff != "" {
-					t.Fatalf("%s nb=%d trial=%d: (-ref +got bits):\n%s\nref %v got %v", v.name, nb, trial, diff, want, got)
 				}
 			}
 		}
 	}
 }
 
-func bits4(v [4]float32) [4]uint32 {
-	return [4]uint32{math.Float32bits(v[0]), math.Float32bits(v[1]), math.Float32bits(v[2]), math.Float32bits(v[3])}
+// TestGemmF32Variants: the tiled F32 products agree with one reference dot
+// per output to float rounding, over odd column counts (masked tails),
+// several column chunks, every activation-tile width and row ranges that
+// leave rows outside the groups of four; outputs outside the range stay
+// untouched.
+func TestGemmF32Variants(t *testing.T) {
+	rng := newRand(14)
+	for _, v := range gemmF32Variants {
+		for _, sh := range [][4]int{{4, 16, 1, 0}, {9, 17, 7, 1}, {13, 1100, 13, 2}, {8, 3, 2, 0}, {21, 515, 6, 5}, {7, 64, 3, 3}} {
+			rows, cols, n, r0 := sh[0], sh[1], sh[2], sh[3]
+			w := randF32(rng, rows*cols)
+			x := randF32(rng, n*cols)
+			ds := rows + 2
+			got, check := guarded(t, n*ds, 1)
+			for i := range got {
+				got[i] = sentinel
+			}
+			v.fn(got, ds, w, cols, r0, rows, x, n)
+			check()
+			for i := 0; i < n; i++ {
+				for r := 0; r < ds; r++ {
+					g := got[i*ds+r]
+					if r < r0 || r >= rows {
+						if math.Float32bits(g) != math.Float32bits(sentinel) {
+							t.Fatalf("%s %v: wrote dst[%d][%d] outside the row range", v.name, sh, i, r)
+						}
+						continue
+					}
+					wr := w[r*cols : (r+1)*cols]
+					want := dotRef(x[i*cols:(i+1)*cols], wr)
+					if math.Abs(float64(g-want)) > tolDot(wr, func(j int) float32 { return x[i*cols+j] }) {
+						t.Fatalf("%s %v: dst[%d][%d] = %g, reference %g", v.name, sh, i, r, g, want)
+					}
+				}
+			}
+		}
+	}
+}
+
+func bitsOf(v []float32) []uint32 {
+	out := make([]uint32, len(v))
+	for i, f := range v {
+		out[i] = math.Float32bits(f)
+	}
+	return out
+}
+
+// TestQuantQ8Variants: the activation quantisers write the same quants,
+// scales and corrections as the reference, bit for bit, in every group
+// position, for ordinary rows, all-zero blocks, ties (x*id exactly .5),
+// huge and tiny magnitudes and fp16-subnormal scales; nothing outside the
+// row's slots is written.
+func TestQuantQ8Variants(t *testing.T) {
+	rng := newRand(15)
+	const nb = 9
+	rows := [][]float32{}
+	for range 6 {
+		rows = append(rows, randF32(rng, nb*32))
+	}
+	special := make([]float32, nb*32)
+	for j := range special {
+		switch b := j / 32; b {
+		case 0: // zeros
+		case 1: // ties: amax 127 makes id 1
+			special[j] = float32(j%32) - 15.5
+			if j%32 == 0 {
+				special[j] = 127
+			}
+		case 2:
+			special[j] = float32(rng.NormFloat64() * 1e30)
+		case 3:
+			special[j] = float32(rng.NormFloat64() * 1e-6) // fp16-subnormal d
+		case 4:
+			special[j] = float32(rng.NormFloat64() * 1e-30) // d flushes to 0
+		default:
+			special[j] = float32(rng.NormFloat64()) * float32(b)
+		}
+	}
+	rows = append(rows, special)
+	for _, v := range quantQ8Variants {
+		for _, width := range []int{1, 4, 8} {
+			for ri, x := range rows {
+				i := ri % width
+				corr := int32(-128)
+				if ri%2 == 1 {
+					corr = -8
+				}
+				gq, gd, gc := make([]int8, nb*32*width), make([]float32, nb*width), make([]int32, nb*width)
+				wq, wd, wc := make([]int8, nb*32*width), make([]float32, nb*width), make([]int32, nb*width)
+				for j := range gq {
+					gq[j], wq[j] = 77, 77
+				}
+				for j := range gd {
+					gd[j], wd[j], gc[j], wc[j] = sentinel, sentinel, 5, 5
+				}
+				v.fn(x, width, i, corr, gq, gd, gc)
+				quantizeQ8_0Packed(x, width, i, corr, wq, wd, wc)
+				if diff := cmp.Diff(wq, gq); diff != "" {
+					t.Fatalf("%s width %d row %d: quants (-ref +got):\n%s", v.name, width, ri, diff)
+				}
+				if diff := cmp.Diff(bitsOf(wd), bitsOf(gd)); diff != "" {
+					t.Fatalf("%s width %d row %d: scales (-ref +got):\n%s", v.name, width, ri, diff)
+				}
+				if diff := cmp.Diff(wc, gc); diff != "" {
+					t.Fatalf("%s width %d row %d: corrections (-ref +got):\n%s", v.name, width, ri, diff)
+				}
+			}
+		}
+	}
+}
+
+// TestKTileVariants: the packed Q4_K/Q6_K tile kernels are bit-identical to
+// the reference for every group width, several groups per call, and
+// extreme blocks (all nibbles 15 or 0, 6-bit values 63 or 0, scales and
+// mins 63, Q6_K scales -128, activations ±127).
+func TestKTileVariants(t *testing.T) {
+	rng := newRand(16)
+	for _, v := range kTileVariants {
+		for _, typ := range []quant.Type{quant.Q4_K, quant.Q6_K} {
+			for _, width := range []int{1, 4} {
+				for _, nb := range []int{0, 1, 3} {
+					for trial := 0; trial < 4; trial++ {
+						ng := 1 + trial%2
+						rows, cols := ng*qRows, nb*qkK
+						data := randWeights(rng, typ, rows, max(cols, qkK))[:rows*nb*typ.BlockBytes()]
+						if trial >= 2 {
+							fill := byte(0xff)
+							if trial == 3 {
+								fill = 0
+							}
+							bb := typ.BlockBytes()
+							for o := 0; o < len(data); o += bb {
+								if typ == quant.Q4_K {
+									for j := 4; j < bb; j++ {
+										data[o+j] = fill | 0x3f&^fill // scales/mins 63 either way
+									}
+									for j := 16; j < bb; j++ {
+										data[o+j] = fill
+									}
+								} else {
+									for j := 0; j < 192; j++ {
+										data[o+j] = fill
+									}
+									for j := 192; j < 208; j++ {
+										data[o+j] = 0x80 // scale -128
+									}
+								}
+							}
+						}
+						var wk []byte
+						if nb > 0 {
+							m, err := NewMatrix(typ, rows, cols, data)
+							if err != nil {
+								t.Fatal(err)
+							}
+							wk = m.kw
+						}
+						x := randF32(rng, width*cols)
+						if trial >= 2 {
+							for i := range x {
+								x[i] = float32(1 - 2*((i/3)%2))
+							}
+						}
+						xq, xd, xp := make([]int8, width*cols), make([]float32, width*nb), make([]int32, width*nb*8)
+						for i := 0; i < width; i++ {
+							quantizeQ8KPacked(typ, x[i*cols:(i+1)*cols], width, i, xq, xd, xp)
+						}
+						got, check := guarded(t, ng*width*qRows, rng.IntN(8))
+						want := make([]float32, ng*width*qRows)
+						v.fn(typ, width, ng, wk, xq, xd, xp, got)
+						check()
+						kTileRef(typ, width, ng, wk, xq, xd, xp, want)
+						if diff := cmp.Diff(bitsOf(want), bitsOf(got)); diff != "" {
+							t.Fatalf("%s %s width=%d nb=%d trial=%d: (-ref +got bits):\n%s", v.name, typ, width, nb, trial, diff)
+						}
+					}
+				}
+			}
+		}
+	}
 }

@@ -30,7 +30,13 @@ func axpyAVX512(dst *float32, a float32, x *float32, n int)
 func axpyF16AVX512(dst *float32, a float32, x *uint16, n int)
 
 //go:noescape
-func dotQ8x4VNNI(w *int8, ws *uint16, xq *int8, xd *float32, xc *int32, nb int, out *[4]float32)
+func quantQ8_0AVX512(x *float32, nb int, q *int8, step int, d *float32, c *int32, corr int32)
 
 //go:noescape
-func dotQ8x4AVX2(w *int8, ws *uint16, xq *int8, xd *float32, xc *int32, nb int, out *[4]float32)
+func expSubAVX512(dst, src *float32, n int, c float32)
+
+//go:noescape
+func siluMulAVX512(dst, gate, up *float32, n int)
+
+//go:noescape
+func gemmF32Rows1(w *float32, ws int, x *float32, cols, kc, nrows int, dst *float32)

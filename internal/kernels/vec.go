@@ -13,10 +13,13 @@ var (
 	axpyImpl      = axpyRef
 	axpyF16Impl   = axpyF16Ref
 	f16ToF32sImpl = f16ToF32sRef
-	dotQ8x4Impl   = dotQ8x4Ref
-	dotQ4_0Impl   = dotQ4_0Ref
-	dotQ4KImpl    = dotQ4KRef
-	dotQ6KImpl    = dotQ6KRef
+	qTileImpl     = qTileRef
+	gemmF32Impl   = gemmF32Generic
+	quantQ8Impl   = quantizeQ8_0Packed
+	kTileImpl     = kTileRef
+	quantKImpl    = quantizeQ8KPacked
+	siluMulImpl   = siluMulRef
+	softmaxImpl   = softmaxRef
 	simdName      = "purego"
 )
 
@@ -76,14 +79,15 @@ func RMSNorm(dst, x, w []float32, eps float32) {
 	rmsNormRef(dst, x, w, eps)
 }
 
-// Softmax replaces x by softmax(x) in place.
-func Softmax(x []float32) { softmaxRef(x) }
+// Softmax replaces x by softmax(x) in place, as ggml's soft_max: subtract
+// the max, exponentiate, sum in float64, scale by the reciprocal.
+func Softmax(x []float32) { softmaxImpl(x) }
 
 // SiLUMul sets dst = silu(gate) * up elementwise; dst may alias either.
 func SiLUMul(dst, gate, up []float32) {
 	mustLen("SiLUMul", len(gate), len(dst))
 	mustLen("SiLUMul", len(up), len(dst))
-	siluMulRef(dst, gate, up)
+	siluMulImpl(dst, gate, up)
 }
 
 // Add sets dst += x elementwise.

@@ -96,3 +96,108 @@ func TestExportedWrappers(t *testing.T) {
 	}()
 	Dot(a, b[:3])
 }
+
+// ulpsApart is the number of float32 values between a and b (0 if equal),
+// or a large number if they differ in sign or NaN-ness.
+func ulpsApart(a, b float32) uint32 {
+	if math.IsNaN(float64(a)) || math.IsNaN(float64(b)) {
+		if math.IsNaN(float64(a)) && math.IsNaN(float64(b)) {
+			return 0
+		}
+		return math.MaxUint32
+	}
+	if a == b {
+		return 0
+	}
+	if (a < 0) != (b < 0) {
+		return math.MaxUint32
+	}
+	x, y := math.Float32bits(a), math.Float32bits(b)
+	if x > y {
+		return x - y
+	}
+	return y - x
+}
+
+// specialF32 returns inputs spanning exp's whole range: ordinary values,
+// the ends where exp overflows or flushes to zero, zeros and infinities.
+func specialF32(rng interface{ NormFloat64() float64 }, n int) []float32 {
+	out := make([]float32, n)
+	ends := []float32{0, float32(math.Copysign(0, -1)), 88.7, -88.7, 87.3, -87.3, 89, -89, 103.9, -103.9, 120, -120,
+		float32(math.Inf(1)), float32(math.Inf(-1)), 1e-30, -1e-30, 0.34657359, -0.34657359}
+	for i := range out {
+		if i%5 == 0 {
+			out[i] = ends[(i/5)%len(ends)]
+			continue
+		}
+		out[i] = float32(rng.NormFloat64() * 20)
+	}
+	return out
+}
+
+// TestSiLUMulVariants: every SiLU kernel is within 6 ulps of the
+// reference (which uses a correctly rounded exp; the kernels' exp is within
+// 1 ulp, and rounding 1+exp(-g) can turn that into 4), over random lengths,
+// alignments and exp's whole range, and writes nothing outside dst.
+func TestSiLUMulVariants(t *testing.T) {
+	rng := newRand(17)
+	for _, v := range siluMulVariants {
+		for _, n := range testLengths() {
+			off := rng.IntN(16)
+			gate := specialF32(rng, n+off)[off:]
+			up := randF32(rng, n)
+			dst, check := guarded(t, n, off)
+			v.fn(dst, gate, up)
+			check()
+			want := make([]float32, n)
+			siluMulRef(want, gate, up)
+			for i := range want {
+				if ulpsApart(dst[i], want[i]) > 6 && math.Abs(float64(dst[i]-want[i])) > 1e-36 {
+					t.Fatalf("%s n=%d: silu(%g)*%g = %g, reference %g", v.name, n, gate[i], up[i], dst[i], want[i])
+				}
+			}
+		}
+		// In place, dst aliasing gate.
+		g := specialF32(rng, 100)
+		up := randF32(rng, 100)
+		want := make([]float32, 100)
+		siluMulRef(want, g, up)
+		v.fn(g, g, up)
+		for i := range want {
+			if ulpsApart(g[i], want[i]) > 6 && math.Abs(float64(g[i]-want[i])) > 1e-36 {
+				t.Fatalf("%s in place: out[%d] = %g, reference %g", v.name, i, g[i], want[i])
+			}
+		}
+	}
+}
+
+// TestSoftmaxVariants: every softmax kernel is within 3 ulps of the
+// reference, for rows with masked (-Inf) entries, huge spreads and every
+// tail length; an all -Inf row gives NaN as the reference does.
+func TestSoftmaxVariants(t *testing.T) {
+	rng := newRand(18)
+	for _, v := range softmaxVariants {
+		for _, n := range testLengths() {
+			x := specialF32(rng, n)
+			for i := range x {
+				if math.IsInf(float64(x[i]), 1) {
+					x[i] = 3 // +Inf would make every output NaN
+				}
+			}
+			got := append([]float32(nil), x...)
+			want := append([]float32(nil), x...)
+			v.fn(got)
+			softmaxRef(want)
+			for i := range want {
+				if ulpsApart(got[i], want[i]) > 3 && math.Abs(float64(got[i]-want[i])) > 1e-37 {
+					t.Fatalf("%s n=%d: out[%d] = %g, reference %g (input %g)", v.name, n, i, got[i], want[i], x[i])
+				}
+			}
+		}
+		masked := []float32{float32(math.Inf(-1)), float32(math.Inf(-1))}
+		v.fn(masked)
+		if !math.IsNaN(float64(masked[0])) {
+			t.Fatalf("%s: all-masked row = %v, want NaN like the reference", v.name, masked)
+		}
+	}
+}
