@@ -14,7 +14,11 @@ import (
 	"github.com/pagewarden/pagewarden/internal/sched"
 )
 
-var benchThreads = flag.Int("engine.threads", 1, "compute threads for the engine benchmarks")
+var (
+	benchThreads = flag.Int("engine.threads", 1, "compute threads for the engine benchmarks")
+	schedPrompt  = flag.Int("engine.prompt", 8, "prompt tokens per sequence in BenchmarkSchedDecode")
+	schedGen     = flag.Int("engine.gen", 32, "generated tokens per sequence in BenchmarkSchedDecode")
+)
 
 // benchModels are the shapes the decode benchmarks run: the small builtin
 // and SmolLM2-135M's shape (Q8_0). -short keeps to the small one.
@@ -148,7 +152,7 @@ func benchDecodeOne(b *testing.B, m *model.Model, scrub kvcache.ScrubPolicy) {
 //
 // Run: go test ./internal/engine -run '^$' -bench 'SchedDecode$' -benchtime 5x
 func BenchmarkSchedDecode(b *testing.B) {
-	const promptLen, gen = 8, 32
+	promptLen, gen := *schedPrompt, *schedGen
 	for _, name := range benchModels(b) {
 		m := builtinModel(b, name)
 		b.Run(fmt.Sprintf("model=%s/seqs=solo", name), func(b *testing.B) {
