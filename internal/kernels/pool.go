@@ -14,11 +14,16 @@ import (
 // Run may be called from several goroutines; a Run that finds the workers
 // busy (another Run in progress, or a Run nested inside fn) executes inline
 // on its caller rather than waiting, so it can never deadlock.
+//
+// A panic in fn on a worker is carried back and re-raised on the goroutine
+// that called Run, after every share has finished: the caller (the
+// scheduler's step) recovers it into an error for the requests of that step
+// instead of the whole process dying on a worker goroutine nobody owns.
 type Pool struct {
 	threads int
 	mu      sync.Mutex // held for the duration of a parallel Run
 	work    []chan task
-	done    chan struct{}
+	done    chan any // one value per finished share: nil, or what it panicked with
 	closed  atomic.Bool
 	wg      sync.WaitGroup // workers alive
 }
@@ -34,7 +39,7 @@ func NewPool(threads int) *Pool {
 	if threads < 1 {
 		threads = 1
 	}
-	p := &Pool{threads: threads, done: make(chan struct{}, threads)}
+	p := &Pool{threads: threads, done: make(chan any, threads)}
 	for i := 1; i < threads; i++ {
 		ch := make(chan task, 1)
 		p.work = append(p.work, ch)
@@ -47,9 +52,15 @@ func NewPool(threads int) *Pool {
 func (p *Pool) worker(ch chan task) {
 	defer p.wg.Done()
 	for t := range ch {
-		t.fn(t.lo, t.hi)
-		p.done <- struct{}{}
+		p.done <- runShare(t.fn, t.lo, t.hi)
 	}
+}
+
+// runShare runs one share and returns what it panicked with, if anything.
+func runShare(fn func(lo, hi int), lo, hi int) (panicked any) {
+	defer func() { panicked = recover() }()
+	fn(lo, hi)
+	return nil
 }
 
 // Threads returns the number of goroutines a Run uses at most (1 for a nil
@@ -120,8 +131,13 @@ func (p *Pool) RunGrain(n, grain int, fn func(lo, hi int)) {
 	for i := 1; i < t; i++ {
 		p.work[i-1] <- task{fn: fn, lo: bound(i), hi: bound(i + 1)}
 	}
-	fn(0, bound(1))
+	first := runShare(fn, 0, bound(1))
 	for i := 1; i < t; i++ {
-		<-p.done
+		if r := <-p.done; r != nil && first == nil {
+			first = r
+		}
+	}
+	if first != nil {
+		panic(first)
 	}
 }
