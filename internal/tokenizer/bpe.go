@@ -22,7 +22,7 @@ type bpeSession struct {
 	tmp    []int
 	word   []byte
 	syms   []symbol
-	queue  []bpeBigram
+	queue  minHeap[bpeBigram]
 }
 
 // tokenize appends the tokens of text to out: pre-tokenize into words, map
@@ -72,12 +72,12 @@ func (s *bpeSession) mergeWord(t *Tokenizer, word string, out []int) []int {
 		s.syms = append(s.syms, symbol{prev: idx - 1, next: next, start: off, n: n})
 		off += n
 	}
-	s.queue = s.queue[:0]
+	s.queue.reset(bpeBefore)
 	for i := 1; i < len(s.syms); i++ {
 		s.tryAdd(t, word, i-1, i)
 	}
-	for len(s.queue) > 0 {
-		b := s.pop()
+	for s.queue.len() > 0 {
+		b := s.queue.pop()
 		l, r := &s.syms[b.left], &s.syms[b.right]
 		// A candidate is stale once either side has changed; while both
 		// are live and adjacent, the sizes tell (llama.cpp compares the
@@ -121,43 +121,5 @@ func (s *bpeSession) tryAdd(t *Tokenizer, word string, left, right int) {
 	if !ok {
 		return
 	}
-	s.push(bpeBigram{left: left, right: right, rank: rank, size: l.n + r.n})
-}
-
-func (s *bpeSession) push(b bpeBigram) {
-	q := append(s.queue, b)
-	i := len(q) - 1
-	for i > 0 {
-		p := (i - 1) / 2
-		if !bpeBefore(q[i], q[p]) {
-			break
-		}
-		q[i], q[p] = q[p], q[i]
-		i = p
-	}
-	s.queue = q
-}
-
-func (s *bpeSession) pop() bpeBigram {
-	q := s.queue
-	top := q[0]
-	last := len(q) - 1
-	q[0] = q[last]
-	q = q[:last]
-	for i := 0; ; {
-		l, r, best := 2*i+1, 2*i+2, i
-		if l < len(q) && bpeBefore(q[l], q[best]) {
-			best = l
-		}
-		if r < len(q) && bpeBefore(q[r], q[best]) {
-			best = r
-		}
-		if best == i {
-			break
-		}
-		q[i], q[best] = q[best], q[i]
-		i = best
-	}
-	s.queue = q
-	return top
+	s.queue.push(bpeBigram{left: left, right: right, rank: rank, size: l.n + r.n})
 }

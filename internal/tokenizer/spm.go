@@ -25,7 +25,7 @@ func spmBefore(a, b spmBigram) bool {
 // are reused across the text fragments of one Encode call.
 type spmSession struct {
 	syms  []symbol
-	queue []spmBigram
+	queue minHeap[spmBigram]
 }
 
 // utf8Len is llama.cpp's unicode_len_utf8: the sequence length implied by a
@@ -59,12 +59,12 @@ func (s *spmSession) tokenize(t *Tokenizer, text string, out []int) []int {
 		s.syms = append(s.syms, symbol{prev: idx - 1, next: next, start: off, n: n})
 		off += n
 	}
-	s.queue = s.queue[:0]
+	s.queue.reset(spmBefore)
 	for i := 1; i < len(s.syms); i++ {
 		s.tryAdd(t, text, i-1, i)
 	}
-	for len(s.queue) > 0 {
-		b := s.pop()
+	for s.queue.len() > 0 {
+		b := s.queue.pop()
 		l, r := &s.syms[b.left], &s.syms[b.right]
 		// Skip candidates made stale by an earlier merge.
 		if l.n == 0 || r.n == 0 || l.n+r.n != int(b.size) {
@@ -108,43 +108,5 @@ func (s *spmSession) tryAdd(t *Tokenizer, text string, left, right int) {
 	if !ok {
 		return
 	}
-	s.push(spmBigram{left: int32(left), right: int32(right), score: t.scores[id], size: int32(l.n + r.n)})
-}
-
-func (s *spmSession) push(b spmBigram) {
-	q := append(s.queue, b)
-	i := len(q) - 1
-	for i > 0 {
-		p := (i - 1) / 2
-		if !spmBefore(q[i], q[p]) {
-			break
-		}
-		q[i], q[p] = q[p], q[i]
-		i = p
-	}
-	s.queue = q
-}
-
-func (s *spmSession) pop() spmBigram {
-	q := s.queue
-	top := q[0]
-	last := len(q) - 1
-	q[0] = q[last]
-	q = q[:last]
-	for i := 0; ; {
-		l, r, best := 2*i+1, 2*i+2, i
-		if l < len(q) && spmBefore(q[l], q[best]) {
-			best = l
-		}
-		if r < len(q) && spmBefore(q[r], q[best]) {
-			best = r
-		}
-		if best == i {
-			break
-		}
-		q[i], q[best] = q[best], q[i]
-		i = best
-	}
-	s.queue = q
-	return top
+	s.queue.push(spmBigram{left: int32(left), right: int32(right), score: t.scores[id], size: int32(l.n + r.n)})
 }
