@@ -15,6 +15,7 @@ import (
 	"github.com/pagewarden/pagewarden/internal/kvcache"
 	"github.com/pagewarden/pagewarden/internal/model"
 	"github.com/pagewarden/pagewarden/internal/request"
+	"github.com/pagewarden/pagewarden/internal/sample"
 )
 
 // Options configure an Engine. The zero value is usable.
@@ -123,6 +124,7 @@ func (e *Engine) Generate(ctx context.Context, owner request.Owner, prompt []int
 	seq := e.KV.NewSequence(owner)
 	defer e.KV.Release(seq)
 	history := append(make([]int, 0, len(prompt)+maxTokens), prompt...)
+	var smp sample.Sampler
 	tok := e.Model.Tokenizer
 	start := time.Now()
 	var logits []float32
@@ -144,7 +146,7 @@ func (e *Engine) Generate(ctx context.Context, owner request.Owner, prompt []int
 	st.Prefill = time.Since(start)
 	decodeStart := time.Now()
 	for st.GeneratedTokens < maxTokens {
-		next := Draw(cfg, st.GeneratedTokens, history, logits)
+		next := Draw(&smp, cfg, st.GeneratedTokens, history, logits)
 		if tok.IsEOG(next) {
 			st.Decode = time.Since(decodeStart)
 			return st, request.FinishStop, nil

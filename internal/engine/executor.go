@@ -14,7 +14,8 @@ import (
 // every item of a step (prefill chunks and decode tokens of many tenants
 // together), then one sample per item that asks for it.
 type Executor struct {
-	e *Engine
+	e   *Engine
+	smp sample.Sampler // reused for every draw: one goroutine drives Execute
 }
 
 var _ sched.Executor = (*Executor)(nil)
@@ -47,27 +48,23 @@ func (x *Executor) Execute(ctx context.Context, b *sched.Batch) ([]sched.Outcome
 		if !it.Sample {
 			continue
 		}
-		out[i].Token = sampleItem(it, logits[i])
+		out[i].Token = Draw(&x.smp, it.Sampling, it.SampleIndex, it.History, logits[i])
 	}
 	return out, nil
-}
-
-// sampleItem draws the next token of one item.
-func sampleItem(it *sched.Item, logits []float32) int {
-	return Draw(it.Sampling, it.SampleIndex, it.History, logits)
 }
 
 // Draw picks generated token number index from logits. The generator is
 // seeded from the request's seed and index, so a sequence recomputed after
 // preemption (or run by another path: the run command, a server) draws
 // exactly the same tokens. history feeds the repetition penalty.
-func Draw(cfg request.Sampling, index int, history []int, logits []float32) int {
+// s is a buffer, reset for the draw.
+func Draw(s *sample.Sampler, cfg request.Sampling, index int, history []int, logits []float32) int {
 	penalty := cfg.RepetitionPenalty != 0 && cfg.RepetitionPenalty != 1
 	if !(cfg.Temperature > 0) && !penalty {
 		return sample.Argmax(logits)
 	}
 	cfg.Seed = mixSeed(cfg.Seed, uint64(index))
-	s := sample.New(cfg)
+	s.Reset(cfg)
 	if penalty {
 		for _, t := range history {
 			s.Accept(t)

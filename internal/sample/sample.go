@@ -20,6 +20,7 @@ import (
 // use; each request owns one.
 type Sampler struct {
 	cfg     request.Sampling
+	pcg     *rand.PCG
 	rng     *rand.Rand
 	history map[int]bool // tokens seen, for the repetition penalty
 	idx     []int
@@ -28,11 +29,28 @@ type Sampler struct {
 
 // New returns a sampler for cfg.
 func New(cfg request.Sampling) *Sampler {
-	s := &Sampler{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5851f42d4c957f2d))}
-	if penalizing(cfg) {
-		s.history = map[int]bool{}
-	}
+	s := &Sampler{}
+	s.Reset(cfg)
 	return s
+}
+
+// Reset makes s a fresh sampler for cfg, keeping its buffers, so that a
+// caller drawing for many requests does not allocate per token.
+func (s *Sampler) Reset(cfg request.Sampling) {
+	s.cfg = cfg
+	if s.pcg == nil {
+		s.pcg = rand.NewPCG(0, 0)
+		s.rng = rand.New(s.pcg)
+	}
+	s.pcg.Seed(cfg.Seed, cfg.Seed^0x5851f42d4c957f2d)
+	if penalizing(cfg) {
+		if s.history == nil {
+			s.history = map[int]bool{}
+		}
+		clear(s.history)
+	} else {
+		s.history = nil
+	}
 }
 
 func penalizing(cfg request.Sampling) bool {
@@ -82,11 +100,6 @@ func (s *Sampler) Sample(logits []float32) int {
 	}
 	inv := 1 / s.cfg.Temperature
 	n := len(logits)
-	s.idx = s.idx[:0]
-	for i := 0; i < n; i++ {
-		s.idx = append(s.idx, i)
-	}
-	idx := s.idx
 	byLogit := func(a, b int) int {
 		switch {
 		case logits[a] > logits[b]:
@@ -96,14 +109,19 @@ func (s *Sampler) Sample(logits []float32) int {
 		}
 		return a - b
 	}
-	k := s.cfg.TopK
-	if k > 0 && k < n {
-		// Partial selection would do; a full sort of the candidates is
-		// simple and the top-k case keeps it short.
-		slices.SortFunc(idx, byLogit)
-		idx = idx[:k]
-	} else {
-		slices.SortFunc(idx, byLogit)
+	// The candidates, best first. Only as many as the filters can keep are
+	// sorted: top-k needs k; top-p alone needs the nucleus, found by
+	// sorting a growing prefix until it holds top_p of the mass, which is
+	// exact and usually stops at a few dozen tokens.
+	var idx []int
+	topPDone := false
+	switch k := s.cfg.TopK; {
+	case k > 0 && k < n:
+		idx = s.topN(logits, k, byLogit)
+	case s.cfg.TopP > 0 && s.cfg.TopP < 1:
+		idx, topPDone = s.nucleus(logits, inv, byLogit), true
+	default:
+		idx = s.topN(logits, n, byLogit)
 	}
 	// Softmax over the surviving candidates, tempered.
 	maxL := logits[idx[0]] * inv
@@ -119,7 +137,7 @@ func (s *Sampler) Sample(logits []float32) int {
 		probs[i] = float32(float64(probs[i]) / sum)
 	}
 	keep := len(idx)
-	if tp := s.cfg.TopP; tp > 0 && tp < 1 {
+	if tp := s.cfg.TopP; tp > 0 && tp < 1 && !topPDone {
 		var cum float32
 		for i, p := range probs {
 			cum += p
@@ -150,4 +168,83 @@ func (s *Sampler) Sample(logits []float32) int {
 		}
 	}
 	return idx[keep-1]
+}
+
+// topN returns the indexes of the m largest logits, best first (ties by
+// lower index), in s.idx.
+func (s *Sampler) topN(logits []float32, m int, cmp func(a, b int) int) []int {
+	n := len(logits)
+	s.idx = s.idx[:0]
+	if m >= n {
+		for i := 0; i < n; i++ {
+			s.idx = append(s.idx, i)
+		}
+		slices.SortFunc(s.idx, cmp)
+		return s.idx
+	}
+	// A min-heap (by cmp, worst at the root) of the m best seen so far.
+	h := s.idx
+	worse := func(a, b int) bool { return cmp(a, b) > 0 }
+	down := func(i int) {
+		for {
+			l, r, w := 2*i+1, 2*i+2, i
+			if l < len(h) && worse(h[l], h[w]) {
+				w = l
+			}
+			if r < len(h) && worse(h[r], h[w]) {
+				w = r
+			}
+			if w == i {
+				return
+			}
+			h[i], h[w] = h[w], h[i]
+			i = w
+		}
+	}
+	for i := 0; i < n; i++ {
+		if len(h) < m {
+			h = append(h, i)
+			for j := len(h) - 1; j > 0; {
+				p := (j - 1) / 2
+				if !worse(h[j], h[p]) {
+					break
+				}
+				h[j], h[p] = h[p], h[j]
+				j = p
+			}
+			continue
+		}
+		if cmp(i, h[0]) < 0 {
+			h[0] = i
+			down(0)
+		}
+	}
+	slices.SortFunc(h, cmp)
+	s.idx = h
+	return h
+}
+
+// nucleus returns the smallest best-first prefix of the candidates whose
+// tempered probability, normalised over the whole vocabulary, reaches TopP.
+func (s *Sampler) nucleus(logits []float32, inv float32, cmp func(a, b int) int) []int {
+	n := len(logits)
+	maxL := logits[Argmax(logits)] * inv
+	var sum float64
+	for _, l := range logits {
+		sum += math.Exp(float64(l*inv - maxL))
+	}
+	need := float64(s.cfg.TopP) * sum
+	for m := 64; ; m *= 16 {
+		idx := s.topN(logits, min(m, n), cmp)
+		var cum float64
+		for j, i := range idx {
+			cum += math.Exp(float64(logits[i]*inv - maxL))
+			if cum >= need {
+				return idx[:j+1]
+			}
+		}
+		if m >= n {
+			return idx
+		}
+	}
 }

@@ -1,6 +1,8 @@
 package sample
 
 import (
+	"math"
+	"slices"
 	"testing"
 
 	"github.com/pagewarden/pagewarden/internal/request"
@@ -76,19 +78,95 @@ func TestRepetitionPenalty(t *testing.T) {
 }
 
 func BenchmarkSample32000(b *testing.B) {
-	logits := make([]float32, 32000)
-	for i := range logits {
-		logits[i] = float32((i*7919)%1000) / 100
+	flat := make([]float32, 32000)
+	peaked := make([]float32, 32000)
+	for i := range flat {
+		x := float32((i*7919)%1000) / 1000
+		flat[i] = 10 * x
+		peaked[i] = 30 * x * x * x // a few dozen tokens hold most of the mass
 	}
-	for _, cfg := range []request.Sampling{{}, {Temperature: 0.8, TopP: 0.95}, {Temperature: 0.8, TopK: 40}} {
+	for _, tc := range []struct {
+		name   string
+		logits []float32
+		cfg    request.Sampling
+	}{
+		{"greedy", flat, request.Sampling{}},
+		{"topp0.95/flat", flat, request.Sampling{Temperature: 0.8, TopP: 0.95}},
+		{"topp0.95/peaked", peaked, request.Sampling{Temperature: 0.8, TopP: 0.95}},
+		{"topk40", flat, request.Sampling{Temperature: 0.8, TopK: 40}},
+	} {
+		cfg, logits := tc.cfg, tc.logits
 		s := New(cfg)
 		buf := make([]float32, len(logits))
-		b.Run("", func(b *testing.B) {
+		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for i := 0; i < b.N; i++ {
 				copy(buf, logits)
 				s.Sample(buf)
 			}
 		})
+	}
+}
+
+// TestNucleusMatchesFullSort: the prefix search keeps exactly the tokens a
+// full sort and cumulative cut keeps, on peaked and flat distributions.
+func TestNucleusMatchesFullSort(t *testing.T) {
+	for _, shape := range []string{"peaked", "flat"} {
+		logits := make([]float32, 5000)
+		for i := range logits {
+			x := float32((i*7919)%1000) / 1000
+			if shape == "peaked" {
+				x = x * x * x * 30
+			}
+			logits[i] = x
+		}
+		for _, tp := range []float32{0.1, 0.5, 0.9, 0.99} {
+			cfg := request.Sampling{Temperature: 0.7, TopP: tp}
+			allowed := map[int]bool{}
+			// Reference: full sort, float64 softmax over everything, cut.
+			idx := make([]int, len(logits))
+			for i := range idx {
+				idx[i] = i
+			}
+			slices.SortFunc(idx, func(a, b int) int {
+				if logits[a] != logits[b] {
+					if logits[a] > logits[b] {
+						return -1
+					}
+					return 1
+				}
+				return a - b
+			})
+			var sum float64
+			for _, l := range logits {
+				sum += math.Exp(float64(l-logits[idx[0]]) / 0.7)
+			}
+			var cum float64
+			for _, i := range idx {
+				allowed[i] = true
+				cum += math.Exp(float64(logits[i]-logits[idx[0]])/0.7) / sum
+				if cum >= float64(tp) {
+					break
+				}
+			}
+			s := New(cfg)
+			got := s.nucleus(logits, 1/cfg.Temperature, func(a, b int) int {
+				if logits[a] != logits[b] {
+					if logits[a] > logits[b] {
+						return -1
+					}
+					return 1
+				}
+				return a - b
+			})
+			if len(got) < len(allowed)-1 || len(got) > len(allowed)+1 {
+				t.Errorf("%s top_p %g: nucleus of %d tokens, full sort keeps %d", shape, tp, len(got), len(allowed))
+			}
+			for _, i := range got[:len(got)-1] {
+				if !allowed[i] {
+					t.Errorf("%s top_p %g: token %d kept but outside the nucleus", shape, tp, i)
+				}
+			}
+		}
 	}
 }
