@@ -142,6 +142,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"capacity", "--scrub", "bleach"}, "--scrub"},
 		{[]string{"capacity", "--scrub", "none"}, "--allow-no-scrub"},
 		{[]string{"capacity", "--max-batch-tokens", "0"}, "--max-batch-tokens"},
+		{[]string{"serve", "--quarantine-reap-after", "-1s"}, "--quarantine-reap-after -1s"},
+		{[]string{"serve", "--quarantine-reap-after", "soon"}, `invalid argument "soon"`},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			r := pw(t, tc.args...)

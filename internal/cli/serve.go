@@ -125,18 +125,28 @@ func serveCmd() *cobra.Command {
 	var drain time.Duration
 	var logPrompts bool
 	var maxBody int64
+	var reapAfter time.Duration
 	c := &cobra.Command{
 		Use:   "serve",
 		Short: "Serve the OpenAI-compatible API (gateway, scheduler and engine in one process)",
 		Long: `Serve the OpenAI-compatible API on --listen. Tenants come from --config (YAML,
 reloaded on SIGHUP); without it one tenant is created and its API key printed
-once on stderr.`,
+once on stderr.
+
+KV pages quarantined after an isolation violation are never reused until they
+are scrubbed: SIGUSR1 scrubs and frees all of them (the count is logged), and
+--quarantine-reap-after does it automatically once a page has been quarantined
+that long.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o, err := nf.options()
 			if err != nil {
 				return err
 			}
+			if reapAfter < 0 {
+				return usagef("--quarantine-reap-after %v: want 0 (operator only) or a positive duration", reapAfter)
+			}
+			o.QuarantineReapAfter = reapAfter
 			logger := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), nil))
 			// In production a broken invariant aborts the request it
 			// touched and is counted; it must not crash every tenant.
@@ -184,13 +194,18 @@ once on stderr.`,
 			if err != nil {
 				return err
 			}
+			// Signals are caught before the address is announced, so that
+			// whoever waits for it may signal at once.
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
+			usr1 := make(chan os.Signal, 1)
+			signal.Notify(usr1, syscall.SIGUSR1)
+			defer signal.Stop(usr1)
 			logger.Info("serving", "addr", ln.Addr().String(), "model", m.Name, "limits", n.SchedLimits().String())
 			fmt.Fprintf(cmd.ErrOrStderr(), "listening on http://%s\n", ln.Addr())
 			srv.Start(ln)
 
-			hup := make(chan os.Signal, 1)
-			signal.Notify(hup, syscall.SIGHUP)
-			defer signal.Stop(hup)
 			for {
 				select {
 				case <-hup:
@@ -208,6 +223,8 @@ once on stderr.`,
 					}
 					current.Store(nc)
 					logger.Info("tenant config reloaded", "tenants", len(nc.Tenants))
+				case <-usr1:
+					scrubQuarantine(cmd.Context(), n, logger)
 				case <-cmd.Context().Done():
 					logger.Info("draining", "deadline", drain.String())
 					ctx, cancel := context.WithTimeout(context.Background(), drain)
@@ -227,7 +244,25 @@ once on stderr.`,
 	c.Flags().DurationVar(&drain, "drain-timeout", 30*time.Second, "how long shutdown waits for in-flight requests")
 	c.Flags().BoolVar(&logPrompts, "log-prompts", false, "log prompt and output text (debug only: prompts are customer data)")
 	c.Flags().Int64Var(&maxBody, "max-body-bytes", gateway.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")
+	c.Flags().DurationVar(&reapAfter, "quarantine-reap-after", 0, "scrub and free KV pages quarantined after a violation once they have been quarantined this long (0: only on SIGUSR1)")
 	return c
+}
+
+// scrubTimeout bounds how long SIGUSR1 waits for the scheduler loop, which
+// applies the scrub between two steps.
+const scrubTimeout = 30 * time.Second
+
+// scrubQuarantine is the operator's SIGUSR1: scrub and free every
+// quarantined KV page, and log how many.
+func scrubQuarantine(ctx context.Context, n *node.Node, logger *slog.Logger) {
+	ctx, cancel := context.WithTimeout(ctx, scrubTimeout)
+	defer cancel()
+	k, err := n.ScrubQuarantined(ctx)
+	if err != nil {
+		logger.Error("SIGUSR1: scrubbing quarantined KV pages failed", "pages", k, "err", err)
+		return
+	}
+	logger.Info("SIGUSR1: quarantined KV pages scrubbed and freed", "pages", k)
 }
 
 func loadTenants(path string) (*tenants.Config, error) {

@@ -45,6 +45,10 @@ type Options struct {
 	MaxQueueWait       time.Duration
 	// Policy gives each tenant's share of the node (nil: none).
 	Policy func(request.Tenant) sched.TenantPolicy
+	// QuarantineReapAfter frees KV pages quarantined after an isolation
+	// violation once they have been quarantined this long (scrubbed
+	// first); 0 leaves them to the operator's ScrubQuarantined.
+	QuarantineReapAfter time.Duration
 }
 
 // Node is a running all-in-one node. It implements gateway.Backend and
@@ -163,6 +167,7 @@ func Start(m *model.Model, o Options) (*Node, error) {
 			MaxBatchTokens: o.MaxBatchTokens, MaxRunning: o.MaxRunning,
 			MaxQueued: o.MaxQueued, MaxQueuedPerTenant: o.MaxQueuedPerTenant, MaxQueueWait: o.MaxQueueWait,
 			EndTokens: end, PrefixCache: o.PrefixCache, Policy: o.Policy,
+			QuarantineReapAfter: o.QuarantineReapAfter,
 		},
 		Executor: eng.Executor(),
 	})
@@ -199,6 +204,13 @@ func (n *Node) Model() *model.Model { return n.model }
 
 // Stats snapshots the scheduler and pool through the scheduler loop.
 func (n *Node) Stats(ctx context.Context) (sched.NodeStats, error) { return n.sched.Stats(ctx) }
+
+// ScrubQuarantined is the operator's release of the KV quarantine: the
+// scheduler loop scrubs and frees every quarantined page between two steps
+// and it returns how many.
+func (n *Node) ScrubQuarantined(ctx context.Context) (int, error) {
+	return n.sched.ScrubQuarantined(ctx)
+}
 
 // ModelID implements gateway.Backend.
 func (n *Node) ModelID() string { return n.model.Name }

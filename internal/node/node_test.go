@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -24,6 +25,7 @@ import (
 	"github.com/pagewarden/pagewarden/internal/model"
 	"github.com/pagewarden/pagewarden/internal/node"
 	"github.com/pagewarden/pagewarden/internal/request"
+	"github.com/pagewarden/pagewarden/internal/sched"
 )
 
 const (
@@ -255,5 +257,43 @@ func TestCollectorExportsPoolCounters(t *testing.T) {
 	}
 	if got["pagewarden_kv_page_allocations_total"] < 1 || got["pagewarden_sched_steps_total"] < 1 {
 		t.Errorf("counters after one request: %v", got)
+	}
+	for _, name := range []string{"pagewarden_kv_quarantine_reaped_total", "pagewarden_kv_quarantine_scrubbed_total"} {
+		if v, ok := got[name]; !ok || v != 0 {
+			t.Errorf("%s = %v (exported %v), want an exported 0", name, v, ok)
+		}
+	}
+}
+
+// TestQuarantineControls: the reap delay reaches the scheduler's
+// configuration (a negative one is refused there), and the operator's
+// scrub runs through the scheduler loop; with no violation it frees
+// nothing.
+func TestQuarantineControls(t *testing.T) {
+	m, err := model.Load(model.BuiltinPrefix+"tiny", model.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := node.Start(m, node.Options{QuarantineReapAfter: -time.Second}); !errors.Is(err, sched.ErrConfig) {
+		if err == nil {
+			n.Close()
+		}
+		t.Fatalf("negative reap delay: %v, want sched.ErrConfig", err)
+	}
+	m.Close()
+	s := start(t, "tiny", node.Options{QuarantineReapAfter: time.Minute})
+	if code, body := s.post(keyA, "/v1/completions", map[string]any{"prompt": "scrub me", "max_tokens": 4}); code != 200 {
+		t.Fatalf("status %d: %s", code, body)
+	}
+	k, err := s.node.ScrubQuarantined(context.Background())
+	if err != nil || k != 0 {
+		t.Fatalf("scrub with nothing quarantined: %d, %v", k, err)
+	}
+	st, err := s.node.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Core.Scrubbed != 0 || st.Core.Reaped != 0 || st.Pool.QuarantinedPages != 0 {
+		t.Errorf("stats: %+v", st.Core)
 	}
 }

@@ -73,6 +73,12 @@ type Config struct {
 	// policy. It is called once when a tenant becomes active and must be
 	// deterministic.
 	Policy func(request.Tenant) TenantPolicy
+	// QuarantineReapAfter scrubs and frees, on Tick, pages that have been
+	// quarantined (after an isolation violation) for at least this long,
+	// as the core's clock (Tick) measures it from when it first saw them
+	// there. 0 never reaps: only the operator's ScrubQuarantined frees
+	// them.
+	QuarantineReapAfter time.Duration
 }
 
 func (c *Config) withDefaults() {
@@ -109,6 +115,8 @@ func (c *Config) Validate() error {
 	case c.MaxBatchTokens < 1 || c.MaxRunning < 1 || c.MaxQueued < 0 || c.MaxQueuedPerTenant < 0 || c.MaxQueueWait < 0:
 		return fmt.Errorf("%w: batch tokens %d, running %d, queued %d/%d per tenant, watermark %d, queue wait %v",
 			ErrConfig, c.MaxBatchTokens, c.MaxRunning, c.MaxQueued, c.MaxQueuedPerTenant, c.WatermarkPages, c.MaxQueueWait)
+	case c.QuarantineReapAfter < 0:
+		return fmt.Errorf("%w: quarantine reap delay %v", ErrConfig, c.QuarantineReapAfter)
 	}
 	return nil
 }
@@ -163,6 +171,10 @@ type Stats struct {
 	// AbortedButCompleted counts requests that reached Finished after an
 	// abort; the state machine makes it impossible, and it must stay 0.
 	AbortedButCompleted uint64
+	// Reaped counts quarantined pages the reaper scrubbed and freed
+	// (QuarantineReapAfter); Scrubbed those the operator's
+	// ScrubQuarantined freed.
+	Reaped, Scrubbed uint64
 }
 
 // mutant selects a deliberately broken behaviour for positive-control
@@ -215,6 +227,11 @@ type Core struct {
 
 	mutant   mutant
 	toFinish map[request.Owner]bool // only under mutantSideTable & co.
+
+	// The reaper's view of the pool's quarantine (reaper.go).
+	quarantine  []quarantined // by page id
+	qViolations uint64        // pool.Violations() at the last look
+	qDirty      bool          // the core itself may have quarantined pages
 }
 
 // NewCore returns a core over cfg.Pool, which it then drives alone.
@@ -256,10 +273,14 @@ func (c *Core) State(o request.Owner) (State, bool) {
 	return r.life.State(), true
 }
 
-// Tick sets the time. Requests that waited longer than MaxQueueWait for
-// their first step are rejected with request.ErrOverloaded.
+// Tick sets the time. Quarantined pages older than QuarantineReapAfter
+// are scrubbed and freed, and requests that waited longer than
+// MaxQueueWait for their first step are rejected with
+// request.ErrOverloaded.
 func (c *Core) Tick(now time.Time) {
 	c.now = now
+	c.watchQuarantine()
+	c.reap()
 	if c.cfg.MaxQueueWait <= 0 {
 		return
 	}
@@ -396,7 +417,9 @@ func (c *Core) unqueue(r *req) {
 // does not know for that owner, including any request of another tenant,
 // gives request.ErrNotFound.
 func (c *Core) Abort(owner request.Owner) error {
-	return c.abort(owner, request.ErrAborted)
+	err := c.abort(owner, request.ErrAborted)
+	c.watchQuarantine()
+	return err
 }
 
 func (c *Core) abort(owner request.Owner, cause error) error {
@@ -476,6 +499,7 @@ func (c *Core) dropPages(r *req, cause error) {
 	}
 	if cause != nil {
 		c.pool.Abort(r.seq, cause)
+		c.noteQuarantine(cause)
 	} else {
 		c.pool.Release(r.seq)
 	}
@@ -506,6 +530,7 @@ func (c *Core) Ready() Ready {
 	if c.inflight == nil {
 		b = c.schedule()
 	}
+	c.watchQuarantine() // Begin may have quarantined a sequence
 	rd := c.out
 	rd.Batch = b
 	c.out = Ready{}
@@ -643,6 +668,7 @@ func (c *Core) add(b *Batch, r *req, n int) bool {
 	if err != nil {
 		// The pool already quarantined and ended the sequence on a
 		// violation; for anything else give the pages back.
+		c.noteQuarantine(err)
 		c.end(r, func(l *Lifecycle) error { return l.Abort(fmt.Errorf("%w: %w", request.ErrInternal, err)) })
 		return false
 	}
@@ -860,6 +886,7 @@ func (c *Core) Advance(b *Batch, outs []Outcome, execErr error) error {
 	}
 	c.inflight = nil
 	c.inflightReqs = c.inflightReqs[:0]
+	c.watchQuarantine()
 	return nil
 }
 
@@ -953,6 +980,14 @@ func (c *Core) CheckInvariants() error {
 		}
 		if r.life.State().Terminal() != (r.life.Reason() != request.FinishNone) {
 			bad("%v: state %s with reason %s", o, r.life.State(), r.life.Reason())
+		}
+	}
+	for i, q := range c.quarantine {
+		if i > 0 && c.quarantine[i-1].id >= q.id {
+			bad("reaper list out of order at %d: page %d after %d", i, q.id, c.quarantine[i-1].id)
+		}
+		if info, _ := c.pool.Page(q.id); !c.qDirty && (info.State != kvcache.PageQuarantined || info.Epoch != q.epoch) {
+			bad("reaper tracks page %d (epoch %d), which the pool has %v (epoch %d)", q.id, q.epoch, info.State, info.Epoch)
 		}
 	}
 	if err := c.pool.CheckInvariants(); err != nil {

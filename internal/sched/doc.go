@@ -29,6 +29,11 @@
 //     by one holding more than its share.
 //   - Writers before free. Pages of a request aborted while its batch runs
 //     are released only when that batch is advanced.
+//   - Quarantine ends only by an explicit action. Pages the pool
+//     quarantined after a violation are never reused until they are
+//     scrubbed and freed, either by the operator (ScrubQuarantined, between
+//     two steps) or by the reaper on Tick once they have been quarantined
+//     for Config.QuarantineReapAfter (0: never); Stats counts both.
 //
 // Shape: Core is a deterministic state machine (no goroutines, clock or IO;
 // time comes in through Tick, effects go out through Ready as data, and

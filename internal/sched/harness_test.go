@@ -1,8 +1,10 @@
 package sched
 
 import (
+	"cmp"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/pagewarden/pagewarden/internal/kvcache"
 	"github.com/pagewarden/pagewarden/internal/request"
@@ -26,6 +28,8 @@ type harness struct {
 	failNext map[request.Owner]bool
 	// failed records the requests an injected failure reached.
 	failed map[request.Owner]bool
+	// failErr is the error failNext injects (nil: errInjected).
+	failErr error
 }
 
 type harnessOpts struct {
@@ -35,6 +39,7 @@ type harnessOpts struct {
 	prefix                  bool
 	policy                  map[request.Tenant]TenantPolicy
 	endTokens               []int
+	reapAfter               time.Duration
 }
 
 const harnessVocab = 64
@@ -57,6 +62,7 @@ func newHarness(t testing.TB, o harnessOpts) *harness {
 	cfg := Config{
 		Limits: lim, Pool: pool, MaxBatchTokens: o.batchTokens, MaxRunning: o.maxRunning,
 		WatermarkPages: wm, PrefixCache: o.prefix, EndTokens: o.endTokens,
+		QuarantineReapAfter: o.reapAfter,
 	}
 	if o.policy != nil {
 		cfg.Policy = func(t request.Tenant) TenantPolicy { return o.policy[t] }
@@ -160,7 +166,7 @@ func (h *harness) finish(t testing.TB, rd Ready) {
 	}
 	for i, it := range rd.Batch.Items {
 		if h.failNext[it.Owner] && err == nil {
-			outs[i].Err = errInjected
+			outs[i].Err = cmp.Or(h.failErr, errInjected)
 			delete(h.failNext, it.Owner)
 			h.failed[it.Owner] = true
 		}

@@ -20,15 +20,16 @@ type NodeConfig struct {
 	Executor Executor
 	// Clock is the time source fed to Core.Tick (default time.Now).
 	Clock func() time.Time
-	// TickEvery is how often an idle loop ticks while requests wait
-	// (default 50ms); only queue timeouts depend on it.
+	// TickEvery is how often an idle loop ticks while requests wait or
+	// quarantined pages wait for the reaper (default 50ms); only queue
+	// timeouts and reaping depend on it.
 	TickEvery time.Duration
 }
 
 // Node runs a Core in one goroutine (Run) and offers the Go API the gateway
-// and the node wiring use. Submit, Abort and Stats may be called from any
-// goroutine: each becomes an event that the loop applies between steps, so
-// the core keeps exactly one writer (invariant I4).
+// and the node wiring use. Submit, Abort, Stats and ScrubQuarantined may be
+// called from any goroutine: each becomes an event that the loop applies
+// between steps, so the core keeps exactly one writer (invariant I4).
 type Node struct {
 	core   *Core
 	exec   Executor
@@ -49,6 +50,7 @@ const (
 	evSubmit eventKind = iota
 	evAbort
 	evStats
+	evScrub
 )
 
 type event struct {
@@ -57,8 +59,14 @@ type event struct {
 	stream *Stream
 	owner  request.Owner
 	cause  error
-	reply  chan error     // submit, abort
-	stats  chan NodeStats // stats
+	reply  chan error       // submit, abort
+	stats  chan NodeStats   // stats
+	scrub  chan scrubResult // scrub
+}
+
+type scrubResult struct {
+	n   int
+	err error
 }
 
 // NodeStats is a snapshot of the scheduler and its pool.
@@ -163,6 +171,30 @@ func (n *Node) Stats(ctx context.Context) (NodeStats, error) {
 	}
 }
 
+// ScrubQuarantined is the operator's release of the KV pool's quarantine:
+// the loop scrubs and frees every quarantined page between two steps (no
+// batch in flight) and answers how many it freed.
+func (n *Node) ScrubQuarantined(ctx context.Context) (int, error) {
+	ev := event{kind: evScrub, scrub: make(chan scrubResult, 1)}
+	if err := n.send(ctx, ev); err != nil {
+		return 0, err
+	}
+	select {
+	case r := <-ev.scrub:
+		return r.n, r.err
+	case <-n.done:
+		// The loop answers every event it takes, also while stopping.
+		select {
+		case r := <-ev.scrub:
+			return r.n, r.err
+		default:
+			return 0, request.ErrShuttingDown
+		}
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
 // send queues ev for the loop.
 func (n *Node) send(ctx context.Context, ev event) error {
 	select {
@@ -229,7 +261,9 @@ func (n *Node) Run(ctx context.Context) error {
 			return n.stop()
 		}
 		var tick <-chan time.Time
-		if st := n.core.Stats(); st.Queued > 0 {
+		// Waiting requests time out and quarantined pages come due only
+		// as time passes: keep ticking while there are any.
+		if st := n.core.Stats(); st.Queued > 0 || n.core.reapPending() {
 			timer.Reset(n.tick)
 			tick = timer.C
 		}
@@ -304,6 +338,9 @@ func (n *Node) apply(ev event) {
 		// A result may be ready now; the loop's next Ready delivers it.
 	case evStats:
 		ev.stats <- NodeStats{Core: n.core.Stats(), Pool: n.core.pool.Stats()}
+	case evScrub:
+		k, err := n.core.ScrubQuarantined()
+		ev.scrub <- scrubResult{k, err}
 	}
 }
 

@@ -24,6 +24,9 @@ type gatedExecutor struct {
 	entered chan struct{} // signalled when a batch starts, if not nil
 	mu      sync.Mutex
 	params  map[request.Owner]request.Params
+	// violate: every item of this tenant fails with an engine-detected
+	// violation, which quarantines its pages.
+	violate request.Tenant
 }
 
 func (g *gatedExecutor) Execute(ctx context.Context, b *Batch) ([]Outcome, error) {
@@ -40,13 +43,23 @@ func (g *gatedExecutor) Execute(ctx context.Context, b *Batch) ([]Outcome, error
 			return nil, ctx.Err()
 		}
 	}
-	return g.echo.Execute(ctx, b)
+	outs, err := g.echo.Execute(ctx, b)
+	if err == nil && g.violate != "" {
+		for i, it := range b.Items {
+			if it.Owner.Tenant == g.violate {
+				outs[i] = Outcome{Err: errEngineViolation}
+			}
+		}
+	}
+	return outs, err
 }
 
 type nodeOpts struct {
 	window, pageSize, pages, batchTokens int
 	gate, entered                        bool
 	maxQueueWait                         time.Duration
+	reapAfter                            time.Duration
+	violate                              request.Tenant
 }
 
 func newTestNode(t *testing.T, o nodeOpts) (*Node, *gatedExecutor, context.CancelFunc, chan error) {
@@ -60,14 +73,14 @@ func newTestNode(t *testing.T, o nodeOpts) (*Node, *gatedExecutor, context.Cance
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := &gatedExecutor{echo: &echoExecutor{vocab: harnessVocab}}
+	g := &gatedExecutor{echo: &echoExecutor{vocab: harnessVocab}, violate: o.violate}
 	if o.gate {
 		g.gate = make(chan struct{})
 	}
 	if o.entered {
 		g.entered = make(chan struct{}, 1024) // never blocks the executor
 	}
-	n, err := NewNode(NodeConfig{Core: Config{Limits: lim, Pool: pool, MaxBatchTokens: o.batchTokens, WatermarkPages: -1, MaxQueueWait: o.maxQueueWait}, Executor: g})
+	n, err := NewNode(NodeConfig{Core: Config{Limits: lim, Pool: pool, MaxBatchTokens: o.batchTokens, WatermarkPages: -1, MaxQueueWait: o.maxQueueWait, QuarantineReapAfter: o.reapAfter}, Executor: g})
 	if err != nil {
 		t.Fatal(err)
 	}
