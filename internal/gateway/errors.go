@@ -128,8 +128,10 @@ func backendError(err error) *apiError {
 		e.Err = err
 		return &e
 	case errors.Is(err, request.ErrQuota):
-		return &apiError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "rate_limit_exceeded",
-			Message: "Quota exceeded for your API key; retry later.", RetryAfter: time.Second, Err: err}
+		// The scheduler refuses with ErrQuota only a request that can
+		// never fit the tenant's page cap: retrying cannot help.
+		return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "kv_page_limit_exceeded", Param: "max_tokens",
+			Message: "The request needs more KV pages than your tenant may hold; lower max_tokens or shorten the prompt.", Err: err}
 	case errors.Is(err, request.ErrAborted):
 		// The client did not ask for this abort (client disconnects
 		// never reach a response), so the server gave up on it.

@@ -128,6 +128,14 @@ func (s *Server) checkLength(prompt, maxTokens int) (int, *apiError) {
 	return maxTokens, nil
 }
 
+// requestPages is the KV pages a request holds at most: the last sampled
+// token is never fed back, so prompt+maxTokens-1 positions. The scheduler
+// charges the same (sched.Limits.PagesFor(prompt+max-1)); both must agree
+// or one admission point accepts what the other refuses.
+func requestPages(prompt, maxTokens, pageSize int) int {
+	return (prompt + maxTokens - 1 + pageSize - 1) / pageSize
+}
+
 // responder writes one endpoint's response shape, streaming or not.
 type responder interface {
 	// delta adds generated text. Streaming writes it at once (starting
@@ -150,7 +158,20 @@ func (c *call) generate(prompt []int, g genParams, resp responder) *apiError {
 	c.promptTokens = len(prompt)
 	pages := 0
 	if ps := s.limits.PageSize; ps > 0 {
-		pages = (len(prompt) + maxTokens + ps - 1) / ps
+		budget := c.tenant.Limits.MaxKVPages
+		if g.maxTokens == 0 && budget > 0 {
+			// An omitted max_tokens means "as much as fits": within the
+			// tenant's page budget as well as the window.
+			maxTokens = max(1, min(maxTokens, budget*ps-len(prompt)+1))
+		}
+		pages = requestPages(len(prompt), maxTokens, ps)
+		if budget > 0 && pages > budget {
+			// Never satisfiable, so not a retryable 429: the same rule the
+			// scheduler applies (one formula, requestPages).
+			return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "kv_page_limit_exceeded", Param: "max_tokens",
+				Message: fmt.Sprintf("This request needs up to %d KV pages (%d prompt tokens + %d max_tokens, %d tokens per page) but your tenant may hold at most %d; lower max_tokens or shorten the prompt.",
+					pages, len(prompt), maxTokens, ps, budget)}
+		}
 	}
 	grant, err := s.reg.Acquire(s.now(), c.tenant.ID, len(prompt)+maxTokens, pages)
 	if err != nil {

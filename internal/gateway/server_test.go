@@ -370,7 +370,7 @@ func TestNever200WithoutFinish(t *testing.T) {
 		{"success with error", gatewaytest.Behavior{Fault: gatewaytest.FaultSuccessWithErr}, 500, "internal_error"},
 		{"overloaded", gatewaytest.Behavior{SubmitErr: fmt.Errorf("sched: %w", request.ErrOverloaded)}, 503, "overloaded"},
 		{"shutting down", gatewaytest.Behavior{SubmitErr: request.ErrShuttingDown}, 503, "shutting_down"},
-		{"scheduler quota", gatewaytest.Behavior{SubmitErr: request.ErrQuota}, 429, "rate_limit_exceeded"},
+		{"scheduler quota", gatewaytest.Behavior{SubmitErr: request.ErrQuota}, 400, "kv_page_limit_exceeded"},
 		{"unknown submit error", gatewaytest.Behavior{SubmitErr: errors.New("disk /var/lib/x at 0xdeadbeef")}, 500, "internal_error"},
 	} {
 		for _, stream := range []bool{false, true} {
