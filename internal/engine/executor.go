@@ -45,6 +45,7 @@ func (x *Executor) Execute(ctx context.Context, b *sched.Batch) ([]sched.Outcome
 	out := make([]sched.Outcome, len(b.Items))
 	for i := range b.Items {
 		it := &b.Items[i]
+		out[i].Owner = it.View.Owner()
 		if !it.Sample {
 			continue
 		}

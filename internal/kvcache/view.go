@@ -1,6 +1,8 @@
 package kvcache
 
 import (
+	"github.com/pagewarden/pagewarden/internal/request"
+
 	"errors"
 	"fmt"
 
@@ -132,6 +134,11 @@ func (p *Pool) Commit(v *View) error {
 	s.viewGen++
 	return nil
 }
+
+// Owner is the owner of the sequence this view was checked for. Executors
+// echo it with what they computed, so that an outcome handed to the wrong
+// request is detected rather than delivered.
+func (v *View) Owner() request.Owner { return v.seq.owner }
 
 // Start is the number of positions written before this step.
 func (v *View) Start() int { return v.start }

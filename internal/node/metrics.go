@@ -2,6 +2,8 @@ package node
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pagewarden/pagewarden/internal/invariants"
 )
 
 // collector exports the page pool's and the scheduler's counters that the
@@ -23,6 +25,8 @@ var counterHelp = map[string]string{
 	"pagewarden_sched_steps_total":             "Scheduler steps (batches) run.",
 	"pagewarden_sched_preemptions_total":       "Sequences preempted (pages freed, recomputed later).",
 	"pagewarden_sched_rejected_total":          "Requests rejected at submission or after waiting too long.",
+	"pagewarden_sched_owner_mismatches_total":  "Outcomes whose engine-echoed owner was not the request they were for (must stay 0).",
+	"pagewarden_invariant_violations_total":    "Broken internal invariants reported in this process (must stay 0).",
 }
 
 // Collector returns a Prometheus collector for the node's counters and the
@@ -60,6 +64,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		"pagewarden_sched_steps_total":             st.Core.Steps,
 		"pagewarden_sched_preemptions_total":       st.Core.Preemptions,
 		"pagewarden_sched_rejected_total":          st.Core.Rejected,
+		"pagewarden_sched_owner_mismatches_total":  st.Core.OwnerMismatches,
+		"pagewarden_invariant_violations_total":    invariants.Count(),
 	}
 	for name, v := range vals {
 		ch <- prometheus.MustNewConstMetric(c.descs[name], prometheus.CounterValue, float64(v))

@@ -296,7 +296,9 @@ func (n *Node) PoolStats() gateway.PoolStats {
 // IsolationViolations implements gateway.StatsSource.
 func (n *Node) IsolationViolations() uint64 {
 	st, _ := n.snapshot()
-	return st.Pool.Violations
+	// Both detectors of I2: the pool's ownership check and the core's
+	// check of the owner the engine echoed with each outcome.
+	return st.Pool.Violations + st.Core.OwnerMismatches
 }
 
 // AbortedButCompleted implements gateway.StatsSource.

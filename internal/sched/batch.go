@@ -44,6 +44,11 @@ type Item struct {
 // Outcome is what executing one Item produced, at the same index as the
 // Item.
 type Outcome struct {
+	// Owner echoes the owner of the View the item was computed with
+	// (View.Owner). The core refuses an outcome whose owner is not the
+	// request it would be delivered to: the request is aborted, its pages
+	// quarantined and the mismatch counted (Stats.OwnerMismatches).
+	Owner request.Owner
 	// Token is the sampled token id when the item asked for a sample.
 	Token int
 	// Err fails this item only: its request is aborted with an internal

@@ -57,7 +57,7 @@ func BenchmarkCoreStep(b *testing.B) {
 				}
 				outs = outs[:len(rd.Batch.Items)]
 				for i := range outs {
-					outs[i] = Outcome{Token: 1}
+					outs[i] = Outcome{Owner: rd.Batch.Items[i].Owner, Token: 1}
 				}
 				if err := c.Advance(rd.Batch, outs, nil); err != nil {
 					b.Fatal(err)

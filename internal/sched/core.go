@@ -171,6 +171,9 @@ type Stats struct {
 	// AbortedButCompleted counts requests that reached Finished after an
 	// abort; the state machine makes it impossible, and it must stay 0.
 	AbortedButCompleted uint64
+	// OwnerMismatches counts outcomes whose echoed owner was not the
+	// request they would have been delivered to; must stay 0.
+	OwnerMismatches uint64
 	// Reaped counts quarantined pages the reaper scrubbed and freed
 	// (QuarantineReapAfter); Scrubbed those the operator's
 	// ScrubQuarantined freed.
@@ -864,6 +867,13 @@ func (c *Core) Advance(b *Batch, outs []Outcome, execErr error) error {
 		err := execErr
 		if err == nil {
 			err = outs[i].Err
+		}
+		if err == nil && outs[i].Owner != r.owner {
+			// The executor computed this outcome for someone else: an
+			// item/outcome crossing. Never delivered; pages quarantined.
+			c.stats.OwnerMismatches++
+			err = fmt.Errorf("%w: outcome %d was computed for %v, not %v", kvcache.ErrViolation, i, outs[i].Owner, r.owner)
+			_ = invariants.Failf("sched: %v", err)
 		}
 		if err == nil {
 			err = c.pool.Commit(it.View)

@@ -349,7 +349,7 @@ func TestQueueTimeout(t *testing.T) {
 	if len(rd2.Results) != 1 || !errors.Is(rd2.Results[0].Err, request.ErrOverloaded) {
 		t.Fatalf("results %+v", rd2.Results)
 	}
-	if err := c.Advance(rd.Batch, []Outcome{{Token: 1}}, nil); err != nil {
+	if err := c.Advance(rd.Batch, []Outcome{{Owner: rd.Batch.Items[0].Owner, Token: 1}}, nil); err != nil {
 		t.Fatal(err)
 	}
 }

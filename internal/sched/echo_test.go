@@ -109,9 +109,10 @@ func (e *echoExecutor) Execute(_ context.Context, b *Batch) ([]Outcome, error) {
 	for i, it := range b.Items {
 		e.items++
 		if e.fail != nil && e.fail(i) {
-			outs[i].Err = errInjected
+			outs[i].Owner, outs[i].Err = it.View.Owner(), errInjected
 			continue
 		}
+		outs[i].Owner = it.View.Owner()
 		outs[i].Token = e.run(it)
 	}
 	return outs, nil

@@ -47,7 +47,7 @@ func (g *gatedExecutor) Execute(ctx context.Context, b *Batch) ([]Outcome, error
 	if err == nil && g.violate != "" {
 		for i, it := range b.Items {
 			if it.Owner.Tenant == g.violate {
-				outs[i] = Outcome{Err: errEngineViolation}
+				outs[i] = Outcome{Owner: it.Owner, Err: errEngineViolation}
 			}
 		}
 	}
