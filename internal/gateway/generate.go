@@ -196,7 +196,9 @@ func (c *call) generate(prompt []int, g genParams, resp responder) *apiError {
 	owner := request.Owner{Tenant: request.Tenant(c.tenant.ID), ID: c.id}
 	p := request.Params{
 		Owner: owner, Prompt: prompt, MaxTokens: maxTokens, Sampling: g.sampling,
-		CacheSalt: g.cacheSalt, Priority: c.tenant.Limits.Priority,
+		// The tenant's namespace (fixed length) comes first, so the
+		// client's salt only ever subdivides the tenant's own cache.
+		CacheSalt: c.tenant.CacheNamespace + "|" + g.cacheSalt, Priority: c.tenant.Limits.Priority,
 	}
 	s.m.promptTokens.WithLabelValues(c.tenant.ID).Add(float64(len(prompt)))
 	gauge := s.m.inFlight.WithLabelValues(c.tenant.ID)

@@ -55,7 +55,8 @@ func TestChatNonStreaming(t *testing.T) {
 	if diff := cmp.Diff(wantIDs, p.Prompt); diff != "" {
 		t.Errorf("prompt ids (-want +got):\n%s", diff)
 	}
-	if p.Owner.Tenant != "alpha" || p.CacheSalt != "s1" || p.Sampling.Seed != 7 {
+	// The salt reaches the cache under the tenant's 32-hex namespace.
+	if p.Owner.Tenant != "alpha" || len(p.CacheSalt) != 32+len("|s1") || !strings.HasSuffix(p.CacheSalt, "|s1") || p.Sampling.Seed != 7 {
 		t.Errorf("params = %+v", p)
 	}
 	if got.ID != "chatcmpl-"+p.Owner.ID.String() || got.Object != "chat.completion" || got.Model != "fake-model" {

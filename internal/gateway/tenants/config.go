@@ -41,6 +41,13 @@ type Tenant struct {
 	// tenant's API keys; the keys themselves are never stored.
 	APIKeySHA256 []string `yaml:"api_key_sha256"`
 	Limits       Limits   `yaml:"limits"`
+	// CacheNamespace is minted by the Registry, never configured: 128
+	// random bits that stay with the tenant across reloads while it keeps
+	// at least one of its keys, and change when an id is removed or handed
+	// to a customer with none of the old keys. The gateway mixes it into
+	// prefix-cache keys, so a recycled tenant id cannot probe the cache of
+	// the customer who had it before.
+	CacheNamespace string `yaml:"-"`
 }
 
 // Config is the tenant configuration file.

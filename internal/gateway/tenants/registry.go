@@ -1,8 +1,10 @@
 package tenants
 
 import (
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -32,7 +34,8 @@ func (e *QuotaError) Unwrap() error { return ErrQuotaExceeded }
 // tenant id across reloads so that a reload neither refills buckets nor
 // forgets requests in flight.
 type Registry struct {
-	snap atomic.Pointer[snapshot]
+	snap     atomic.Pointer[snapshot]
+	reloadMu sync.Mutex // serialises Reload (namespaces carry over)
 
 	mu    sync.Mutex
 	usage map[string]*usage // by tenant id; guarded by mu
@@ -110,9 +113,25 @@ func (r *Registry) Reload(cfg *Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
+	r.reloadMu.Lock()
+	defer r.reloadMu.Unlock()
+	prev := r.snap.Load()
 	s := &snapshot{byID: make(map[string]Tenant, len(cfg.Tenants))}
 	for _, t := range cfg.Tenants {
 		t.APIKeySHA256 = append([]string(nil), t.APIKeySHA256...)
+		t.CacheNamespace = ""
+		if prev != nil {
+			if old, ok := prev.byID[t.ID]; ok && sharesKey(old, t) {
+				t.CacheNamespace = old.CacheNamespace
+			}
+		}
+		if t.CacheNamespace == "" {
+			ns, err := newNamespace()
+			if err != nil {
+				return err
+			}
+			t.CacheNamespace = ns
+		}
 		s.byID[t.ID] = t
 		for _, h := range t.APIKeySHA256 {
 			d, _ := parseHash(h) // validated above
@@ -121,6 +140,30 @@ func (r *Registry) Reload(cfg *Config) error {
 	}
 	r.snap.Store(s)
 	return nil
+}
+
+// sharesKey reports whether two definitions of a tenant id have a key in
+// common: the same customer, reconfigured, rather than a new customer
+// given an old id.
+func sharesKey(a, b Tenant) bool {
+	for _, x := range a.APIKeySHA256 {
+		dx, _ := parseHash(x)
+		for _, y := range b.APIKeySHA256 {
+			if dy, _ := parseHash(y); dx == dy {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// newNamespace is 128 random bits in hex.
+func newNamespace() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("tenants: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
 }
 
 // Authenticate maps an API key to its tenant. It hashes the key and
