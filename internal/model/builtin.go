@@ -54,7 +54,9 @@ func BuiltinNames() []string {
 }
 
 // Builtin generates the named builtin model.
-func Builtin(name string) (*Model, error) {
+func Builtin(name string) (*Model, error) { return builtin(name, true) }
+
+func builtin(name string, fuse bool) (*Model, error) {
 	spec, ok := Builtins[name]
 	if !ok {
 		return nil, fmt.Errorf("model: no builtin model %q (have: %s)", name, strings.Join(BuiltinNames(), ", "))
@@ -63,7 +65,7 @@ func Builtin(name string) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	m, err := fromWriter(w)
+	m, err := fromWriter(w, fuse)
 	if err != nil {
 		return nil, fmt.Errorf("model: builtin %s: %w", name, err)
 	}

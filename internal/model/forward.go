@@ -3,7 +3,6 @@ package model
 import (
 	"errors"
 	"fmt"
-	"math"
 
 	"github.com/pagewarden/pagewarden/internal/kernels"
 	"github.com/pagewarden/pagewarden/internal/kvcache"
@@ -13,10 +12,12 @@ import (
 // Layer holds one transformer block's weights.
 type Layer struct {
 	AttnNorm            []float32
-	Q, K, V, O          *kernels.Matrix
+	QKV                 Proj // query, key and value projections, in that order
+	O                   *kernels.Matrix
 	QBias, KBias, VBias []float32 // qwen2 only
 	FFNNorm             []float32
-	Gate, Up, Down      *kernels.Matrix
+	GateUp              Proj // feed-forward gate and up projections
+	Down                *kernels.Matrix
 }
 
 // Weights are the tensors of a model, already prepared for the kernels.
@@ -55,8 +56,9 @@ var (
 // Scratch holds the activations of a step, reused across steps to avoid
 // allocating on the hot path. It is not safe for concurrent steps.
 type Scratch struct {
-	x, xb, q, k, v, att, hb, hb2, tmp []float32
-	cos, sin                          []float32
+	x, xb, qkv, att, gu, hb, tmp, part []float32
+	cos, sin                           []float32
+	attn                               attnJob
 }
 
 func grow(b []float32, n int) []float32 {
@@ -111,12 +113,10 @@ func (m *Model) Forward(pool *kernels.Pool, in []Input, s *Scratch) ([][]float32
 	dim, qdim, kvdim, ffn := c.Dim, c.QDim(), c.KVDim(), c.FFN
 	s.x = grow(s.x, total*dim)
 	s.xb = grow(s.xb, total*max(dim, qdim))
-	s.q = grow(s.q, total*qdim)
-	s.k = grow(s.k, total*kvdim)
-	s.v = grow(s.v, total*kvdim)
+	s.qkv = grow(s.qkv, total*(qdim+2*kvdim))
 	s.att = grow(s.att, total*qdim)
+	s.gu = grow(s.gu, total*2*ffn)
 	s.hb = grow(s.hb, total*ffn)
-	s.hb2 = grow(s.hb2, total*ffn)
 	s.tmp = grow(s.tmp, total*dim)
 	half := c.RopeDims / 2
 	s.cos = grow(s.cos, total*half)
@@ -133,6 +133,8 @@ func (m *Model) Forward(pool *kernels.Pool, in []Input, s *Scratch) ([][]float32
 		}
 	}
 
+	s.attn.prepare(m, in, s, total)
+	defer s.attn.release()
 	for l := range m.W.Layers {
 		if err := m.layer(pool, l, in, s, total); err != nil {
 			return nil, err
@@ -172,26 +174,26 @@ func (m *Model) layer(pool *kernels.Pool, l int, in []Input, s *Scratch, total i
 	w := &m.W.Layers[l]
 	dim, qdim, kvdim, ffn := c.Dim, c.QDim(), c.KVDim(), c.FFN
 	half := c.RopeDims / 2
+	// Row r of s.qkv is the token's query, key and value side by side.
+	stride := qdim + 2*kvdim
 
 	// Attention block.
 	for r := 0; r < total; r++ {
 		kernels.RMSNorm(s.xb[r*dim:(r+1)*dim], s.x[r*dim:(r+1)*dim], w.AttnNorm, c.NormEps)
 	}
 	xb := s.xb[:total*dim]
-	kernels.MatMul(pool, s.q, w.Q, xb, total)
-	kernels.MatMul(pool, s.k, w.K, xb, total)
-	kernels.MatMul(pool, s.v, w.V, xb, total)
-	if w.QBias != nil {
-		for r := 0; r < total; r++ {
-			kernels.Add(s.q[r*qdim:(r+1)*qdim], w.QBias)
-			kernels.Add(s.k[r*kvdim:(r+1)*kvdim], w.KBias)
-			kernels.Add(s.v[r*kvdim:(r+1)*kvdim], w.VBias)
-		}
-	}
+	w.QKV.mul(pool, s.qkv, xb, total, &s.part)
 	for r := 0; r < total; r++ {
+		row := s.qkv[r*stride : (r+1)*stride]
+		q, k, v := row[:qdim], row[qdim:qdim+kvdim], row[qdim+kvdim:]
+		if w.QBias != nil {
+			kernels.Add(q, w.QBias)
+			kernels.Add(k, w.KBias)
+			kernels.Add(v, w.VBias)
+		}
 		cs, sn := s.cos[r*half:(r+1)*half], s.sin[r*half:(r+1)*half]
-		c.applyRope(s.q[r*qdim:(r+1)*qdim], c.Heads, cs, sn)
-		c.applyRope(s.k[r*kvdim:(r+1)*kvdim], c.KVHeads, cs, sn)
+		c.applyRope(q, c.Heads, cs, sn)
+		c.applyRope(k, c.KVHeads, cs, sn)
 	}
 
 	// A view that went stale (its sequence was released or moved on)
@@ -211,7 +213,8 @@ func (m *Model) layer(pool *kernels.Pool, l int, in []Input, s *Scratch, total i
 		for j := range in[i].Tokens {
 			pos := v.Start() + j
 			page, off := pos/ps, (pos%ps)*kvdim
-			kr, vr := s.k[row*kvdim:(row+1)*kvdim], s.v[row*kvdim:(row+1)*kvdim]
+			kv := s.qkv[row*stride+qdim : (row+1)*stride]
+			kr, vr := kv[:kvdim], kv[kvdim:]
 			if kp := v.K(l, page); kp != nil {
 				copy(kp[off:off+kvdim], kr)
 				copy(v.V(l, page)[off:off+kvdim], vr)
@@ -226,95 +229,21 @@ func (m *Model) layer(pool *kernels.Pool, l int, in []Input, s *Scratch, total i
 		}
 	}
 
-	// Attention: one task per (token, head), spread over the pool.
-	type rowRef struct{ in, j int }
-	refs := make([]rowRef, 0, total)
-	for i := range in {
-		for j := range in[i].Tokens {
-			refs = append(refs, rowRef{i, j})
-		}
-	}
-	heads := c.Heads
-	group := c.Heads / c.KVHeads
-	hd := c.HeadDim
-	scale := float32(1 / math.Sqrt(float64(hd)))
-	pool.Run(total*heads, func(lo, hi int) {
-		var scores, q16 []float32
-		for task := lo; task < hi; task++ {
-			r, h := task/heads, task%heads
-			ref := refs[r]
-			v := in[ref.in].View
-			ps := v.PageSize()
-			n := v.Start() + ref.j + 1 // positions this token attends to
-			if cap(scores) < n {
-				scores = make([]float32, n)
-			}
-			scores = scores[:n]
-			q := s.q[r*qdim+h*hd : r*qdim+(h+1)*hd]
-			kvo := (h / group) * hd
-			f16 := v.K(l, 0) == nil
-			if f16 {
-				// ggml multiplies an F16 cache by F16-rounded operands:
-				// round q (and below the attention weights) the same way so
-				// that an F16 cache tracks llama.cpp's.
-				if cap(q16) < hd {
-					q16 = make([]float32, hd)
-				}
-				q16 = q16[:hd]
-				for d, x := range q {
-					q16[d] = roundF16(x)
-				}
-				q = q16
-			}
-			for p := 0; p < n; p += ps {
-				page := p / ps
-				cnt := min(ps, n-p)
-				if kp := v.K(l, page); kp != nil {
-					for t := 0; t < cnt; t++ {
-						scores[p+t] = kernels.Dot(q, kp[t*kvdim+kvo:t*kvdim+kvo+hd]) * scale
-					}
-				} else {
-					kp16 := v.K16(l, page)
-					for t := 0; t < cnt; t++ {
-						scores[p+t] = kernels.DotF16(q, kp16[t*kvdim+kvo:t*kvdim+kvo+hd]) * scale
-					}
-				}
-			}
-			kernels.Softmax(scores)
-			if f16 {
-				for i, x := range scores {
-					scores[i] = roundF16(x)
-				}
-			}
-			out := s.att[r*qdim+h*hd : r*qdim+(h+1)*hd]
-			clear(out)
-			for p := 0; p < n; p += ps {
-				page := p / ps
-				cnt := min(ps, n-p)
-				if vp := v.V(l, page); vp != nil {
-					for t := 0; t < cnt; t++ {
-						kernels.Axpy(out, scores[p+t], vp[t*kvdim+kvo:t*kvdim+kvo+hd])
-					}
-				} else {
-					vp16 := v.V16(l, page)
-					for t := 0; t < cnt; t++ {
-						kernels.AxpyF16(out, scores[p+t], vp16[t*kvdim+kvo:t*kvdim+kvo+hd])
-					}
-				}
-			}
-		}
-	})
+	s.attn.run(pool, l)
 
 	kernels.MatMul(pool, s.tmp, w.O, s.att[:total*qdim], total)
 	kernels.Add(s.x[:total*dim], s.tmp[:total*dim])
 
-	// Feed-forward block (SwiGLU).
+	// Feed-forward block (SwiGLU). Row r of s.gu is the token's gate and
+	// up projections side by side.
 	for r := 0; r < total; r++ {
 		kernels.RMSNorm(s.xb[r*dim:(r+1)*dim], s.x[r*dim:(r+1)*dim], w.FFNNorm, c.NormEps)
 	}
-	kernels.MatMul(pool, s.hb, w.Gate, xb, total)
-	kernels.MatMul(pool, s.hb2, w.Up, xb, total)
-	kernels.SiLUMul(s.hb[:total*ffn], s.hb[:total*ffn], s.hb2[:total*ffn])
+	w.GateUp.mul(pool, s.gu, xb, total, &s.part)
+	for r := 0; r < total; r++ {
+		gu := s.gu[r*2*ffn : (r+1)*2*ffn]
+		kernels.SiLUMul(s.hb[r*ffn:(r+1)*ffn], gu[:ffn], gu[ffn:])
+	}
 	kernels.MatMul(pool, s.tmp, w.Down, s.hb[:total*ffn], total)
 	kernels.Add(s.x[:total*dim], s.tmp[:total*dim])
 	return nil

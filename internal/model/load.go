@@ -78,7 +78,9 @@ func sniffGGUF(path string) (bool, error) {
 // go through the GGUF converter so that both formats share one loader; the
 // tokenizer keeps llama2.c's own encoding rules and RoPE its angle formula,
 // so that outputs match run.c exactly.
-func LoadLlama2C(path, tokPath string) (*Model, error) {
+func LoadLlama2C(path, tokPath string) (*Model, error) { return loadLlama2C(path, tokPath, true) }
+
+func loadLlama2C(path, tokPath string, fuse bool) (*Model, error) {
 	ck, err := llama2c.Read(path)
 	if err != nil {
 		return nil, err
@@ -99,7 +101,7 @@ func LoadLlama2C(path, tokPath string) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	m, err := fromWriter(w)
+	m, err := fromWriter(w, fuse)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
@@ -109,7 +111,7 @@ func LoadLlama2C(path, tokPath string) (*Model, error) {
 }
 
 // fromWriter loads a model from an in-memory GGUF image.
-func fromWriter(w *gguf.Writer) (*Model, error) {
+func fromWriter(w *gguf.Writer, fuse bool) (*Model, error) {
 	var buf bytes.Buffer
 	if _, err := w.WriteTo(&buf); err != nil {
 		return nil, err
@@ -118,5 +120,5 @@ func fromWriter(w *gguf.Writer) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	return FromGGUF(f)
+	return fromGGUF(f, fuse)
 }

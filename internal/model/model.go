@@ -46,9 +46,13 @@ func (m *Model) Close() error {
 	return err
 }
 
-// FromGGUF builds a model from a parsed GGUF file. The model keeps
-// references into f's memory; f is closed by Model.Close.
-func FromGGUF(f *gguf.File) (*Model, error) {
+// FromGGUF builds a model from a GGUF file read by gguf.Parse or gguf.Open.
+// The model keeps references into f's memory; f is closed by Model.Close.
+func FromGGUF(f *gguf.File) (*Model, error) { return fromGGUF(f, true) }
+
+// fromGGUF is FromGGUF; fuse=false keeps every projection its own matrix,
+// the reference the fused model is tested against.
+func fromGGUF(f *gguf.File, fuse bool) (*Model, error) {
 	arch, _ := f.String("general.architecture")
 	switch arch {
 	case "llama", "qwen2":
@@ -149,7 +153,8 @@ func FromGGUF(f *gguf.File) (*Model, error) {
 	m.Name, _ = f.String("general.name")
 	m.ChatTemplate, _ = f.String("tokenizer.chat_template")
 	types := map[quant.Type]bool{}
-	mat := func(name string, rows, cols int) (*kernels.Matrix, error) {
+	// weight finds a matrix tensor and checks its shape and type.
+	weight := func(name string, rows, cols int) (*gguf.TensorInfo, error) {
 		t, ok := f.Tensor(name)
 		if !ok {
 			return nil, fmt.Errorf("%w: %s", ErrMissingTensor, name)
@@ -161,11 +166,30 @@ func FromGGUF(f *gguf.File) (*Model, error) {
 			return nil, fmt.Errorf("model: tensor %s has type %s, which this engine cannot compute with (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K)", name, t.Type)
 		}
 		types[t.Type] = true
+		return t, nil
+	}
+	mat := func(name string, rows, cols int) (*kernels.Matrix, error) {
+		t, err := weight(name, rows, cols)
+		if err != nil {
+			return nil, err
+		}
 		mx, err := kernels.NewMatrix(t.Type, rows, cols, t.Data)
 		if err != nil {
 			return nil, fmt.Errorf("model: tensor %s: %w", name, err)
 		}
 		return mx, nil
+	}
+	// proj prepares projections of one input (same column count) as a Proj.
+	proj := func(cols int, names []string, rows []int) (Proj, error) {
+		ts := make([]*gguf.TensorInfo, len(names))
+		for i, name := range names {
+			t, err := weight(name, rows[i], cols)
+			if err != nil {
+				return Proj{}, err
+			}
+			ts[i] = t
+		}
+		return newProj(fuse, cols, ts)
 	}
 	vec := func(name string, n int) ([]float32, error) {
 		t, ok := f.Tensor(name)
@@ -190,20 +214,17 @@ func FromGGUF(f *gguf.File) (*Model, error) {
 	for i := range m.W.Layers {
 		L := &m.W.Layers[i]
 		p := fmt.Sprintf("blk.%d.", i)
-		steps := []struct {
-			dst        **kernels.Matrix
-			name       string
-			rows, cols int
-		}{
-			{&L.Q, "attn_q.weight", qdim, c.Dim}, {&L.K, "attn_k.weight", kvdim, c.Dim},
-			{&L.V, "attn_v.weight", kvdim, c.Dim}, {&L.O, "attn_output.weight", c.Dim, qdim},
-			{&L.Gate, "ffn_gate.weight", c.FFN, c.Dim}, {&L.Up, "ffn_up.weight", c.FFN, c.Dim},
-			{&L.Down, "ffn_down.weight", c.Dim, c.FFN},
+		if L.QKV, err = proj(c.Dim, []string{p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"}, []int{qdim, kvdim, kvdim}); err != nil {
+			return nil, err
 		}
-		for _, s := range steps {
-			if *s.dst, err = mat(p+s.name, s.rows, s.cols); err != nil {
-				return nil, err
-			}
+		if L.O, err = mat(p+"attn_output.weight", c.Dim, qdim); err != nil {
+			return nil, err
+		}
+		if L.GateUp, err = proj(c.Dim, []string{p + "ffn_gate.weight", p + "ffn_up.weight"}, []int{c.FFN, c.FFN}); err != nil {
+			return nil, err
+		}
+		if L.Down, err = mat(p+"ffn_down.weight", c.Dim, c.FFN); err != nil {
+			return nil, err
 		}
 		if L.AttnNorm, err = vec(p+"attn_norm.weight", c.Dim); err != nil {
 			return nil, err

@@ -131,7 +131,7 @@ func TestQwen2MatchesPermutedLlama(t *testing.T) {
 		bias  float32
 		equal bool
 	}{{0, true}, {0.5, false}} {
-		qw, err := fromWriter(toQwen2(t, src, llama.Config.HeadDim, tc.bias))
+		qw, err := fromWriter(toQwen2(t, src, llama.Config.HeadDim, tc.bias), true)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,0 +1,49 @@
+package model_test
+
+import (
+	"flag"
+	"fmt"
+	"testing"
+
+	"github.com/pagewarden/pagewarden/internal/kvcache"
+	"github.com/pagewarden/pagewarden/internal/model"
+)
+
+var benchModel = flag.String("model.bench", "135m-q8_0", "builtin model for BenchmarkDecodeStep")
+
+// BenchmarkDecodeStep measures one decode step of a single sequence after
+// a 128-token prompt, with the projections fused (as loaded) and unfused
+// (the reference), so the fusion's gain shows side by side in one process.
+//
+// Run: go test ./internal/model -run '^$' -bench DecodeStep -benchtime 64x -count 3
+func BenchmarkDecodeStep(b *testing.B) {
+	if testing.Short() {
+		*benchModel = "tiny"
+	}
+	fused := builtin(b, *benchModel)
+	plain, err := model.BuiltinUnfused(*benchModel)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, threads := range []int{1, 2} {
+		for _, m := range []struct {
+			name string
+			m    *model.Model
+		}{{"fused", fused}, {"unfused", plain}} {
+			b.Run(fmt.Sprintf("threads=%d/%s", threads, m.name), func(b *testing.B) {
+				r := newRunner(b, m.m, kvcache.F32, 1+(128+b.N)/16)
+				r.compute = computePool(b, threads)
+				seq := r.seq("bench")
+				vocab := m.m.Config.Vocab
+				r.step(part{seq, tokens(1, 128, vocab), model.LogitsLast})
+				next := tokens(2, b.N, vocab)
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := range b.N {
+					r.step(part{seq, next[i : i+1], model.LogitsLast})
+				}
+				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tok/s")
+			})
+		}
+	}
+}
