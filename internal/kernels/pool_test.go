@@ -1,9 +1,11 @@
 package kernels
 
 import (
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"pgregory.net/rapid"
 )
@@ -35,7 +37,7 @@ func checkCover(t *rapid.T, p *Pool, n, grain int) {
 			t.Fatalf("index %d covered %d times (n=%d grain=%d)", i, h, n, grain)
 		}
 	}
-	if c := int(calls.Load()); c > p.Threads() {
+	if c := int(calls.Load()); c > chunksPerThread*p.Threads() {
 		t.Fatalf("%d calls with %d threads", c, p.Threads())
 	}
 	if n > 0 && grain >= 1 && (n+grain-1)/grain == 1 && calls.Load() != 1 {
@@ -76,13 +78,82 @@ func TestPoolNilAndClosed(t *testing.T) {
 	}
 }
 
+// TestPoolUsesWorkers: while the caller's first chunk blocks, workers take
+// the others, so calls run concurrently (on a pool that did not hand work
+// out, the first call would wait for a second until the deadline).
 func TestPoolUsesWorkers(t *testing.T) {
 	p := NewPool(4)
 	defer p.Close()
-	var calls atomic.Int32
-	p.Run(100, func(lo, hi int) { calls.Add(1) })
-	if calls.Load() != 4 {
-		t.Fatalf("Run(100) on 4 threads made %d calls, want 4", calls.Load())
+	var inside, peak atomic.Int32
+	p.Run(100, func(lo, hi int) {
+		c := inside.Add(1)
+		defer inside.Add(-1)
+		for {
+			if m := peak.Load(); c <= m || peak.CompareAndSwap(m, c) {
+				break
+			}
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for peak.Load() < 2 && time.Now().Before(deadline) {
+			runtime.Gosched()
+		}
+	})
+	if peak.Load() < 2 {
+		t.Fatalf("Run(100) on 4 threads never ran two calls at once")
+	}
+}
+
+// TestPoolLateWorker: a worker that has not woken up by the time the caller
+// has taken every chunk does not hold the Run up, and when it does wake it
+// runs nothing of the finished Run (the Run's fn would fail the test if it
+// were called after its Run returned) and still serves later Runs.
+func TestPoolLateWorker(t *testing.T) {
+	p := NewPool(2)
+	defer p.Close()
+	release := make(chan struct{})
+	woke := make(chan struct{}, 16)
+	var hold atomic.Bool
+	hold.Store(true)
+	p.beforeClaim = func() {
+		if hold.Load() {
+			woke <- struct{}{}
+			<-release
+		}
+	}
+	var over atomic.Bool
+	hits := make([]int32, 100)
+	p.Run(len(hits), func(lo, hi int) {
+		if over.Load() {
+			t.Errorf("fn(%d, %d) called after its Run returned", lo, hi)
+		}
+		for i := lo; i < hi; i++ {
+			atomic.AddInt32(&hits[i], 1)
+		}
+	})
+	over.Store(true)
+	for i, h := range hits {
+		if h != 1 {
+			t.Fatalf("index %d covered %d times", i, h)
+		}
+	}
+	<-woke // the worker was woken for the Run and is stuck before claiming
+	hold.Store(false)
+	close(release)
+	// The worker now finds the old Run over; later Runs use it again.
+	var inside, peak atomic.Int32
+	p.Run(100, func(lo, hi int) {
+		c := inside.Add(1)
+		defer inside.Add(-1)
+		if c > 1 {
+			peak.Store(c)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for peak.Load() < 2 && time.Now().Before(deadline) {
+			runtime.Gosched()
+		}
+	})
+	if peak.Load() < 2 {
+		t.Fatalf("worker did not take part in a Run after waking late")
 	}
 }
 
