@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"sync/atomic"
@@ -121,7 +122,7 @@ func capacityCmd() *cobra.Command {
 
 func serveCmd() *cobra.Command {
 	var nf nodeFlags
-	var listen, configPath string
+	var listen, configPath, metricsListen string
 	var drain time.Duration
 	var logPrompts bool
 	var maxBody int64
@@ -183,12 +184,25 @@ that long.`,
 				return err
 			}
 			defer n.Close()
-			srv, err := gateway.New(gateway.Config{Backend: n, Tenants: tcfg, Logger: logger, LogPrompts: logPrompts, MaxBodyBytes: maxBody})
+			srv, err := gateway.New(gateway.Config{Backend: n, Tenants: tcfg, Logger: logger, LogPrompts: logPrompts, MaxBodyBytes: maxBody,
+				SeparateMetrics: metricsListen != ""})
 			if err != nil {
 				return err
 			}
 			if err := srv.Metrics().Register(n.Collector()); err != nil {
 				return err
+			}
+			if metricsListen != "" {
+				mln, err := net.Listen("tcp", metricsListen)
+				if err != nil {
+					return err
+				}
+				mux := http.NewServeMux()
+				mux.Handle("GET /metrics", srv.MetricsHandler())
+				msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+				go msrv.Serve(mln)
+				defer msrv.Close()
+				fmt.Fprintf(cmd.ErrOrStderr(), "metrics on http://%s/metrics\n", mln.Addr())
 			}
 			ln, err := net.Listen("tcp", listen)
 			if err != nil {
@@ -241,6 +255,7 @@ that long.`,
 	nf.register(c)
 	c.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address to serve on")
 	c.Flags().StringVar(&configPath, "config", "", "tenant configuration (YAML); reloaded on SIGHUP")
+	c.Flags().StringVar(&metricsListen, "metrics-listen", "", "serve /metrics on this (private) address instead of the API listener")
 	c.Flags().DurationVar(&drain, "drain-timeout", 30*time.Second, "how long shutdown waits for in-flight requests")
 	c.Flags().BoolVar(&logPrompts, "log-prompts", false, "log prompt and output text (debug only: prompts are customer data)")
 	c.Flags().Int64Var(&maxBody, "max-body-bytes", gateway.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")

@@ -46,6 +46,10 @@ type Config struct {
 	// LogPrompts adds prompt and output text to request logs. Debug only:
 	// prompts are customer data.
 	LogPrompts bool
+	// SeparateMetrics leaves /metrics off the API handler, for operators
+	// who serve MetricsHandler on a private listener: the series are
+	// labelled by tenant id, which API callers should not see.
+	SeparateMetrics bool
 	// Now is the clock for quotas and timings. Default time.Now.
 	Now func() time.Time
 }
@@ -147,12 +151,20 @@ func (s *Server) routes() {
 		}
 		io.WriteString(w, "ready\n")
 	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
+	if !s.cfg.SeparateMetrics {
+		mux.Handle("GET /metrics", s.MetricsHandler())
+	}
 	mux.HandleFunc("/", s.handle("unknown", false, func(c *call) *apiError {
 		return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "not_found",
 			Message: "Unknown endpoint."}
 	}))
 	s.mux = mux
+}
+
+// MetricsHandler serves the Prometheus exposition of this server's
+// registry (what GET /metrics serves unless SeparateMetrics is set).
+func (s *Server) MetricsHandler() http.Handler {
+	return promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{})
 }
 
 // ServeHTTP implements http.Handler.
