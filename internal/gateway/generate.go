@@ -321,6 +321,12 @@ loop:
 			}
 		}
 		c.finish = res.Reason.String()
+		if res.Reason == request.FinishAbort && s.stop.Err() != nil {
+			// The drain deadline passed and Shutdown aborted it; the
+			// abort may reach us as the result rather than through our
+			// context, but the cause is the same.
+			return count, backendError(fmt.Errorf("%w: result: %w", ErrDraining, err))
+		}
 		return count, backendError(fmt.Errorf("result: %w", err))
 	case res.Err != nil:
 		s.m.abortedCompleted.Inc()
