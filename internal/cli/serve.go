@@ -216,7 +216,9 @@ that long.`,
 			usr1 := make(chan os.Signal, 1)
 			signal.Notify(usr1, syscall.SIGUSR1)
 			defer signal.Stop(usr1)
-			logger.Info("serving", "addr", ln.Addr().String(), "model", m.Name, "limits", n.SchedLimits().String())
+			lim := n.SchedLimits()
+			logger.Info("serving", "addr", ln.Addr().String(), "model", m.Name, "max_context", lim.MaxContext,
+				"kv_pages", lim.UsablePages, "page_size", lim.PageSize, "usable_kv_tokens", lim.UsableTokens, "safety_margin", lim.SafetyMargin)
 			fmt.Fprintf(cmd.ErrOrStderr(), "listening on http://%s\n", ln.Addr())
 			srv.Start(ln)
 
