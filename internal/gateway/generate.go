@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -309,9 +310,15 @@ loop:
 	c.cachedTokens = res.Usage.CachedTokens
 	reason := "stop"
 	switch {
+	case stopped && !res.Reason.Success() && !(res.Reason == request.FinishAbort && errors.Is(res.Err, request.ErrAborted)):
+		// The gateway ended it on a stop sequence, so the only acceptable
+		// outcomes are a success that raced the abort, or the plain abort
+		// we asked for. Anything else (an internal error, a violation
+		// found in the same step) means the text cannot be vouched for.
+		c.finish = res.Reason.String()
+		return count, backendError(fmt.Errorf("result after a stop sequence: %w", cmp.Or(res.Err, request.ErrInternal)))
 	case stopped:
-		// The gateway ended it on a stop sequence; the backend's abort
-		// result is expected and the text is complete.
+		// The text up to the stop sequence is complete.
 	case !res.Reason.Success():
 		err := res.Err
 		if err == nil {

@@ -56,6 +56,10 @@ type Behavior struct {
 	At        int
 	Delay     time.Duration // before each token
 	CachedTok int           // reported as Usage.CachedTokens
+	// AbortErr is the terminal error reported when the request is
+	// aborted through Abort (nil: request.ErrAborted): e.g. an internal
+	// failure that races the gateway's abort.
+	AbortErr error
 }
 
 // Fake is a gateway.Backend. Set its fields before use.
@@ -310,7 +314,7 @@ func (s *stream) run(ctx context.Context) {
 			aborted(ctx.Err())
 			return
 		case <-s.abort:
-			aborted(request.ErrAborted)
+			aborted(cmpOr(s.b.AbortErr, request.ErrAborted))
 			return
 		}
 	}
@@ -323,4 +327,11 @@ func (s *stream) run(ctx context.Context) {
 	case FaultSuccessWithErr:
 		res.Err = request.ErrAborted
 	}
+}
+
+func cmpOr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
 }
