@@ -1,7 +1,7 @@
 package tokenizer
 
-// minHeap is a binary heap ordered by before. The SPM and BPE mergers both
-// keep their candidate pairs in one, popping the best pair next.
+// minHeap is a binary heap ordered by before. The SPM, BPE and llama2.c
+// mergers all keep their candidate pairs in one, popping the best pair next.
 type minHeap[T any] struct {
 	items  []T
 	before func(a, b T) bool

@@ -213,7 +213,8 @@ func (l *llama2c) encode(text string, bos, eos bool) []int {
 	if len(toks) > 0 {
 		next[len(toks)-1] = -1
 	}
-	var q []l2cPair
+	var q minHeap[l2cPair]
+	q.reset(l2cBefore)
 	var cat []byte
 	add := func(a, b int) {
 		if a < 0 || b < 0 {
@@ -224,15 +225,14 @@ func (l *llama2c) encode(text string, bos, eos bool) []int {
 		if !ok || !(l.scores[id] > l2cMinScore) {
 			return
 		}
-		q = heapPush(q, l2cPair{score: l.scores[id], left: a, right: b, ltok: toks[a], rtok: toks[b], id: id}, l2cBefore)
+		q.push(l2cPair{score: l.scores[id], left: a, right: b, ltok: toks[a], rtok: toks[b], id: id})
 	}
 	for i := 0; i+1 < len(toks); i++ {
 		add(i, i+1)
 	}
 	alive := len(toks)
-	for len(q) > 0 {
-		var p l2cPair
-		q, p = heapPop(q, l2cBefore)
+	for q.len() > 0 {
+		p := q.pop()
 		if next[p.left] != p.right || toks[p.left] != p.ltok || toks[p.right] != p.rtok {
 			continue
 		}
@@ -255,39 +255,4 @@ func (l *llama2c) encode(text string, bos, eos bool) []int {
 		out = append(out, 2)
 	}
 	return out
-}
-
-func heapPush[T any](q []T, x T, before func(a, b T) bool) []T {
-	q = append(q, x)
-	for i := len(q) - 1; i > 0; {
-		p := (i - 1) / 2
-		if !before(q[i], q[p]) {
-			break
-		}
-		q[i], q[p] = q[p], q[i]
-		i = p
-	}
-	return q
-}
-
-func heapPop[T any](q []T, before func(a, b T) bool) ([]T, T) {
-	top := q[0]
-	last := len(q) - 1
-	q[0] = q[last]
-	q = q[:last]
-	for i := 0; ; {
-		l, r, best := 2*i+1, 2*i+2, i
-		if l < len(q) && before(q[l], q[best]) {
-			best = l
-		}
-		if r < len(q) && before(q[r], q[best]) {
-			best = r
-		}
-		if best == i {
-			break
-		}
-		q[i], q[best] = q[best], q[i]
-		i = best
-	}
-	return q, top
 }
