@@ -23,17 +23,8 @@ func quantizeQ8_0(x []float32, q []int8, d []float32, s []int32) {
 	for b := 0; b < nb; b++ {
 		xb := x[b*qk8 : (b+1)*qk8]
 		qb := q[b*qk8 : (b+1)*qk8]
-		var amax float32
-		for _, v := range xb {
-			if a := abs32(v); a > amax {
-				amax = a
-			}
-		}
 		var id float32
-		if amax != 0 {
-			id = 127 / amax
-		}
-		d[b] = f16ToF32(f32ToF16(amax / 127))
+		d[b], id = q8Scale(xb)
 		var sum int32
 		for j, v := range xb {
 			qv := int8(math.RoundToEven(float64(v * id)))
@@ -42,6 +33,21 @@ func quantizeQ8_0(x []float32, q []int8, d []float32, s []int32) {
 		}
 		s[b] = sum
 	}
+}
+
+// q8Scale is a Q8_0 block's scale as stored (amax/127, fp16-rounded) and
+// the multiplier that quantises the block (127/amax, 0 for a zero block).
+func q8Scale(xb []float32) (d, id float32) {
+	var amax float32
+	for _, v := range xb {
+		if a := abs32(v); a > amax {
+			amax = a
+		}
+	}
+	if amax != 0 {
+		id = 127 / amax
+	}
+	return f16ToF32(f32ToF16(amax / 127)), id
 }
 
 // quantizeQ8K quantises x (a multiple of 256 long) into Q8_K super-blocks

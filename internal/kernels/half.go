@@ -1,6 +1,10 @@
 package kernels
 
-import "math"
+import (
+	"math"
+
+	"github.com/pagewarden/pagewarden/internal/quant"
+)
 
 // f16ToF32 converts an IEEE 754 half-precision value to float32 exactly.
 // The kernels keep a private copy of the conversion (package quant has the
@@ -92,20 +96,11 @@ func f32ToF16(f float32) uint16 {
 	return sign | uint16(r)
 }
 
-// bf16ToF32 widens a bfloat16 (the top half of a float32).
-func bf16ToF32(h uint16) float32 {
-	return math.Float32frombits(uint32(h) << 16)
-}
-
-// f32ToBF16 rounds a float32 to bfloat16, ties to even, as ggml's
-// GGML_FP32_TO_BF16 does (NaN is kept quiet rather than rounded).
-func f32ToBF16(f float32) uint16 {
-	b := math.Float32bits(f)
-	if b&0x7fffffff > 0x7f800000 {
-		return uint16(b>>16) | 0x40
-	}
-	return uint16((b + 0x7fff + (b>>16)&1) >> 16)
-}
+// bf16ToF32 and f32ToBF16 are package quant's conversions (ggml's
+// rounding, NaN kept quiet); unlike the half-precision pair they need no
+// private variant to match the hardware.
+func bf16ToF32(h uint16) float32 { return quant.BF16ToF32(h) }
+func f32ToBF16(f float32) uint16 { return quant.F32ToBF16(f) }
 
 // roundF16 returns f rounded to the nearest half-precision value.
 func roundF16(f float32) float32 { return f16ToF32(f32ToF16(f)) }

@@ -130,17 +130,8 @@ func quantizeQ8_0Packed(x []float32, width, i int, corr int32, xq []int8, xd []f
 	nb := len(x) / qk8
 	for b := 0; b < nb; b++ {
 		xb := (*[qk8]float32)(x[b*qk8:])
-		var amax float32
-		for _, v := range xb {
-			if a := abs32(v); a > amax {
-				amax = a
-			}
-		}
 		var id float32
-		if amax != 0 {
-			id = 127 / amax
-		}
-		xd[b*width+i] = f16ToF32(f32ToF16(amax / 127))
+		xd[b*width+i], id = q8Scale(xb[:])
 		var sum int32
 		q := xq[b*qk8*width:]
 		for j, v := range xb {
