@@ -11,6 +11,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/pagewarden/pagewarden/internal/engine"
@@ -60,6 +61,11 @@ type Node struct {
 	limits sched.Limits
 	done   chan error
 	cancel context.CancelFunc
+
+	snapMu sync.Mutex // guards the metrics snapshot below
+	snap   sched.NodeStats
+	snapAt time.Time
+	snapOK bool
 }
 
 var (
@@ -272,10 +278,21 @@ func (n *Node) Abort(tenant request.Tenant, id request.ID) error { return n.sche
 // loop, which answers between steps.
 const statsTimeout = 2 * time.Second
 
+// snapshotTTL lets the many gauge and counter callbacks of one Prometheus
+// scrape share one snapshot: each would otherwise wait for the scheduler
+// loop to finish its step, and a scrape would cost a dozen steps.
+const snapshotTTL = 100 * time.Millisecond
+
 func (n *Node) snapshot() (sched.NodeStats, bool) {
+	n.snapMu.Lock()
+	defer n.snapMu.Unlock()
+	if n.snapOK && time.Since(n.snapAt) < snapshotTTL {
+		return n.snap, true
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), statsTimeout)
 	defer cancel()
 	st, err := n.sched.Stats(ctx)
+	n.snap, n.snapAt, n.snapOK = st, time.Now(), err == nil
 	return st, err == nil
 }
 
