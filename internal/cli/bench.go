@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pagewarden/pagewarden/internal/engine"
+	"github.com/pagewarden/pagewarden/internal/kernels"
 )
 
 func benchCmd() *cobra.Command {
@@ -43,6 +44,7 @@ here are noisy.`,
 				return err
 			}
 			defer m.Close()
+			fmt.Fprintf(cmd.ErrOrStderr(), "kernels: %s\n", kernels.Implementation())
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', tabwriter.AlignRight)
 			fmt.Fprintf(tw, "model\ttype\tthreads\ttest\ttokens/s\t\n")
 			for _, t := range ts {

@@ -3,7 +3,7 @@
 // An invariant violation is a bug, never an expected condition: in tests it
 // fails loudly (a panic that the test sees), and in production the caller
 // aborts the affected request, quarantines what it touched and counts a
-// metric. Package code reports through Check/Failf so that the policy lives
+// metric. Package code reports through Failf so that the policy lives
 // here and nowhere else.
 package invariants
 
@@ -50,13 +50,4 @@ func Failf(format string, args ...any) error {
 		panic(v)
 	}
 	return v
-}
-
-// Check reports a broken invariant when ok is false and returns nil
-// otherwise.
-func Check(ok bool, format string, args ...any) error {
-	if ok {
-		return nil
-	}
-	return Failf(format, args...)
 }

@@ -32,18 +32,6 @@ func (id ID) String() string { return hex.EncodeToString(id[:]) }
 // IsZero reports whether id was never set.
 func (id ID) IsZero() bool { return id == ID{} }
 
-// ParseID parses the 32-hex-digit form written by String.
-func ParseID(s string) (ID, error) {
-	var id ID
-	if len(s) != 2*len(id) {
-		return id, fmt.Errorf("request: id %q is not %d hex digits", s, 2*len(id))
-	}
-	if _, err := hex.Decode(id[:], []byte(s)); err != nil {
-		return id, fmt.Errorf("request: id %q: %w", s, err)
-	}
-	return id, nil
-}
-
 // Tenant identifies a customer. It comes only from authentication.
 type Tenant string
 
