@@ -44,17 +44,17 @@ here are noisy.`,
 				return err
 			}
 			defer m.Close()
+			maxP := 0
+			for _, p := range ps {
+				maxP = max(maxP, p)
+			}
+			if maxP+gen > m.Config.ContextLength {
+				return usagef("-p %d plus -n %d exceed the model's context of %d", maxP, gen, m.Config.ContextLength)
+			}
 			fmt.Fprintf(cmd.ErrOrStderr(), "kernels: %s\n", kernels.Implementation())
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', tabwriter.AlignRight)
 			fmt.Fprintf(tw, "model\ttype\tthreads\ttest\ttokens/s\t\n")
 			for _, t := range ts {
-				maxP := 0
-				for _, p := range ps {
-					maxP = max(maxP, p)
-				}
-				if maxP+gen > m.Config.ContextLength {
-					return usagef("-p %d plus -n %d exceed the model's context of %d", maxP, gen, m.Config.ContextLength)
-				}
 				eng, err := engine.New(m, engine.Options{Threads: t, PageSize: mf.pageSize, KVType: kvType, PrefillChunk: maxP})
 				if err != nil {
 					return err
