@@ -129,14 +129,6 @@ func (s *Server) checkLength(prompt, maxTokens int) (int, *apiError) {
 	return maxTokens, nil
 }
 
-// requestPages is the KV pages a request holds at most: the last sampled
-// token is never fed back, so prompt+maxTokens-1 positions. The scheduler
-// charges the same (sched.Limits.PagesFor(prompt+max-1)); both must agree
-// or one admission point accepts what the other refuses.
-func requestPages(prompt, maxTokens, pageSize int) int {
-	return (prompt + maxTokens - 1 + pageSize - 1) / pageSize
-}
-
 // responder writes one endpoint's response shape, streaming or not.
 type responder interface {
 	// delta adds generated text. Streaming writes it at once (starting
@@ -165,10 +157,10 @@ func (c *call) generate(prompt []int, g genParams, resp responder) *apiError {
 			// tenant's page budget as well as the window.
 			maxTokens = max(1, min(maxTokens, budget*ps-len(prompt)+1))
 		}
-		pages = requestPages(len(prompt), maxTokens, ps)
+		pages = request.MaxKVPages(len(prompt), maxTokens, ps)
 		if budget > 0 && pages > budget {
 			// Never satisfiable, so not a retryable 429: the same rule the
-			// scheduler applies (one formula, requestPages).
+			// scheduler applies (one formula, request.MaxKVPages).
 			return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "kv_page_limit_exceeded", Param: "max_tokens",
 				Message: fmt.Sprintf("This request needs up to %d KV pages (%d prompt tokens + %d max_tokens, %d tokens per page) but your tenant may hold at most %d; lower max_tokens or shorten the prompt.",
 					pages, len(prompt), maxTokens, ps, budget)}

@@ -69,6 +69,18 @@ type Params struct {
 	Priority  int // higher runs first when pages are short
 }
 
+// MaxKVPages is the most KV pages a request of promptTokens and maxTokens
+// holds: the last sampled token is never fed back, so it writes at most
+// promptTokens+maxTokens-1 positions. The gateway's budget check and the
+// scheduler's admission both use it, so the two can never disagree.
+func MaxKVPages(promptTokens, maxTokens, pageSize int) int {
+	n := promptTokens + maxTokens - 1
+	if n <= 0 || pageSize <= 0 {
+		return 0
+	}
+	return (n + pageSize - 1) / pageSize
+}
+
 // FinishReason says why a request ended.
 type FinishReason uint8
 

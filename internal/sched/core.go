@@ -349,9 +349,7 @@ func (c *Core) Submit(a Admitted) error {
 	}
 	r := &req{owner: p.Owner, adm: a, params: p}
 	t := c.tenantFor(p.Owner.Tenant)
-	// The last sampled token is never fed back, so a request holds at
-	// most prompt+max_tokens-1 positions.
-	need := c.lim.PagesFor(len(p.Prompt) + p.MaxTokens - 1)
+	need := request.MaxKVPages(len(p.Prompt), p.MaxTokens, c.lim.PageSize)
 	var cause error
 	switch {
 	case t.policy.MaxPages > 0 && need > t.policy.MaxPages:
