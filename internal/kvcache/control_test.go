@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/pagewarden/pagewarden/internal/kvcache"
+	"github.com/pagewarden/pagewarden/internal/request"
 )
 
 // Control (a): a page of tenant A in tenant B's block table (I1/I2).
@@ -150,6 +151,107 @@ func TestControlForeignPage(t *testing.T) {
 			t.Fatalf("Begin through a stale entry: %v", err)
 		}
 	})
+}
+
+// TestControlForkSameOwnerPartialPage: a fork whose owner equals its
+// parent's (same tenant, same request id), with the parent's partial last
+// page put in the child's block table under the parent's epoch. State,
+// owner, epoch and filled count all agree with the ledger; only the
+// owning sequence differs, so the sequence-serial check is all that keeps
+// the child from writing into, or freeing, its parent's page.
+func TestControlForkSameOwnerPartialPage(t *testing.T) {
+	setup := func(t *testing.T) (p *kvcache.Pool, parent, child *kvcache.Sequence, childPage kvcache.PageID) {
+		lenient(t)
+		p = newPool(t, kvcache.Config{})
+		o := owner("org_a", 1)
+		parent = p.NewSequence(o)
+		step(t, p, parent, 6, 5) // one full page, one with 2 positions
+		child, err := p.Fork(parent, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		childPage = child.Pages()[1]
+		kvcache.InjectPage(child, 1, parent, 1, false)
+		if err := p.CheckInvariants(); err == nil {
+			t.Fatal("audit missed the parent's page in the child's block table")
+		}
+		return p, parent, child, childPage
+	}
+	parentIntact := func(t *testing.T, p *kvcache.Pool, parent *kvcache.Sequence) {
+		t.Helper()
+		if info, _ := p.Page(parent.Pages()[1]); info.State != kvcache.PageOwned || info.Filled != 2 {
+			t.Fatalf("parent's partial page: %+v", info)
+		}
+		step(t, p, parent, 1, 6) // the parent carries on
+		audit(t, p)
+	}
+	t.Run("begin", func(t *testing.T) {
+		p, parent, child, childPage := setup(t)
+		if v, err := p.Begin(child, 1); !errors.Is(err, kvcache.ErrViolation) || v != nil {
+			t.Fatalf("Begin of the child: view %v, err %v", v, err)
+		}
+		if !child.Released() || p.Violations() != 1 {
+			t.Fatalf("released %v, violations %d", child.Released(), p.Violations())
+		}
+		if got := p.Quarantined(); len(got) != 1 || got[0] != childPage {
+			t.Fatalf("quarantined %v, want the child's own page %d", got, childPage)
+		}
+		parentIntact(t, p, parent)
+	})
+	t.Run("release", func(t *testing.T) {
+		p, parent, child, _ := setup(t)
+		p.Release(child)
+		if p.Violations() != 1 {
+			t.Fatalf("violations %d", p.Violations())
+		}
+		parentIntact(t, p, parent)
+	})
+}
+
+// TestControlCommitRechecksOwnership: a block-table entry swapped between
+// Begin and Commit (a scheduler bug racing the forward pass) must not have
+// the step recorded on the page it now names. Commit checks the window's
+// pages again.
+func TestControlCommitRechecksOwnership(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		thief     request.Owner
+		keepEpoch bool
+	}{
+		{"other tenant", owner("org_b", 1), false},
+		{"other tenant, own epoch", owner("org_b", 1), true},
+		{"same owner, other sequence", owner("org_a", 1), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lenient(t)
+			p := newPool(t, kvcache.Config{})
+			victim := p.NewSequence(owner("org_a", 1))
+			step(t, p, victim, 2, 11)
+			s := p.NewSequence(tc.thief)
+			step(t, p, s, 2, 22)
+			sPage, vPage := s.Pages()[0], victim.Pages()[0]
+
+			v, err := p.Begin(s, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			kvcache.InjectPage(s, 0, victim, 0, tc.keepEpoch)
+			if err := p.Commit(v); !errors.Is(err, kvcache.ErrViolation) {
+				t.Fatalf("Commit after a swap: %v", err)
+			}
+			if !s.Released() || p.Violations() != 1 {
+				t.Fatalf("released %v, violations %d", s.Released(), p.Violations())
+			}
+			if info, _ := p.Page(vPage); info.State != kvcache.PageOwned || info.Filled != 2 {
+				t.Fatalf("victim's page after the failed commit: %+v", info)
+			}
+			if got := p.Quarantined(); len(got) != 1 || got[0] != sPage {
+				t.Fatalf("quarantined %v, want the sequence's own page %d", got, sPage)
+			}
+			audit(t, p)
+			step(t, p, victim, 1, 12)
+		})
+	}
 }
 
 // Control (b): a page marked filled beyond what was written (I3).
