@@ -22,6 +22,10 @@ const (
 	maxMessages    = 4096
 	maxPromptIDs   = 1 << 20
 	maxModelIDSize = 256
+	// maxMaxTokens bounds max_tokens where it enters, far above any
+	// context window, so that no sum of client numbers downstream
+	// (prompt + max_tokens, pages, quota charges) can overflow.
+	maxMaxTokens = 1 << 30
 )
 
 // commonFields are the generation parameters shared by both endpoints.
@@ -79,7 +83,8 @@ type completionRequest struct {
 // genParams is a validated request, independent of the endpoint.
 type genParams struct {
 	model        string
-	maxTokens    int // 0: fill the window
+	maxTokens    int    // 0: fill the window; else in [1, maxMaxTokens]
+	maxParam     string // the field maxTokens came from
 	sampling     request.Sampling
 	stop         []string
 	stream       bool
@@ -172,13 +177,16 @@ func (f *commonFields) validate() (genParams, *apiError) {
 	}
 	g.model = f.Model
 	mt := f.MaxTokens
-	param := "max_tokens"
+	g.maxParam = "max_tokens"
 	if f.MaxCompletionTokens != nil {
-		mt, param = f.MaxCompletionTokens, "max_completion_tokens"
+		mt, g.maxParam = f.MaxCompletionTokens, "max_completion_tokens"
 	}
 	if mt != nil {
 		if *mt < 1 {
-			return g, badRequest(param, "'%s' must be at least 1, got %d.", param, *mt)
+			return g, badRequest(g.maxParam, "'%s' must be at least 1, got %d.", g.maxParam, *mt)
+		}
+		if *mt > maxMaxTokens {
+			return g, badRequest(g.maxParam, "'%s' is too large: %d. This server accepts at most %d, and the model's context window bounds it further.", g.maxParam, *mt, maxMaxTokens)
 		}
 		g.maxTokens = *mt
 	}

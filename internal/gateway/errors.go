@@ -93,8 +93,11 @@ func internalError(err error) *apiError {
 		Message: "The server had an error while processing your request.", Err: err}
 }
 
-func contextLengthError(window, prompt, completion int) *apiError {
-	return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "context_length_exceeded", Param: "messages",
+// contextLengthError refuses a request over the window; param names the
+// field the prompt came from ("messages" or "prompt"), as OpenAI does. The
+// callers bound both numbers, so the sum cannot overflow.
+func contextLengthError(param string, window, prompt, completion int) *apiError {
+	return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "context_length_exceeded", Param: param,
 		Message: fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the prompt, %d for the completion). Please reduce the prompt or max_tokens.",
 			window, prompt+completion, prompt, completion)}
 }

@@ -30,7 +30,7 @@ func (s *Server) chatCompletions(c *call) *apiError {
 		return e
 	}
 	c.promptText = text
-	return c.generate(ids, g, &chatResponder{})
+	return c.generate(ids, "messages", g, &chatResponder{})
 }
 
 func (s *Server) completions(c *call) *apiError {
@@ -61,7 +61,7 @@ func (s *Server) completions(c *call) *apiError {
 		}
 		c.promptText = p.text
 	}
-	return c.generate(ids, g, &completionResponder{})
+	return c.generate(ids, "prompt", g, &completionResponder{})
 }
 
 // chatPrompt renders messages with the model's chat template (or the
@@ -111,22 +111,64 @@ func (s *Server) chatPrompt(msgs []message, addGen bool) ([]int, string, *apiErr
 
 // checkLength applies the served limits (I5) before anything is submitted:
 // a request that does not fit is refused with the numbers and no page is
-// ever allocated for it. It returns the max_tokens to run with.
-func (s *Server) checkLength(prompt, maxTokens int) (int, *apiError) {
+// ever allocated for it. It returns the max_tokens to run with. promptParam
+// names the field the prompt came from. Every comparison is written so that
+// no sum of client numbers is formed before it is known to fit.
+func (s *Server) checkLength(prompt int, promptParam string, g *genParams) (int, *apiError) {
 	w := s.limits.MaxContext
+	maxTokens := g.maxTokens
 	if prompt == 0 {
-		return 0, badRequest("prompt", "The prompt is empty.")
+		return 0, badRequest(promptParam, "The prompt is empty.")
 	}
-	if prompt > s.limits.MaxPromptTokens {
-		return 0, contextLengthError(w, prompt, max(maxTokens, 1))
+	if prompt > s.limits.MaxPromptTokens || prompt >= w {
+		return 0, contextLengthError(promptParam, w, prompt, max(maxTokens, 1))
 	}
 	if maxTokens == 0 {
-		maxTokens = w - prompt
+		return w - prompt, nil
 	}
-	if prompt+maxTokens > w {
-		return 0, contextLengthError(w, prompt, maxTokens)
+	if maxTokens > w {
+		e := badRequest(g.maxParam, "'%s' is too large: %d. This model's maximum context length is %d tokens, prompt included.", g.maxParam, maxTokens, w)
+		e.Code = "context_length_exceeded"
+		return 0, e
+	}
+	if maxTokens > w-prompt {
+		return 0, contextLengthError(promptParam, w, prompt, maxTokens)
 	}
 	return maxTokens, nil
+}
+
+// charge decides what a request of prompt tokens costs before it is
+// admitted: the max_tokens it runs with and the worst-case KV pages it
+// holds, refusing it if it can never fit the window or the tenant's page
+// budget (0: none). The results are bounded: maxTokens in [1, window) and
+// pages at most the window's pages, so the quota arithmetic that follows
+// cannot overflow.
+func (s *Server) charge(prompt int, promptParam string, g *genParams, budget int) (maxTokens, pages int, e *apiError) {
+	maxTokens, e = s.checkLength(prompt, promptParam, g)
+	if e != nil {
+		return 0, 0, e
+	}
+	ps := s.limits.PageSize
+	if ps <= 0 {
+		return maxTokens, 0, nil
+	}
+	if g.maxTokens == 0 && budget > 0 {
+		// An omitted max_tokens means "as much as fits": within the
+		// tenant's page budget as well as the window. budget*ps cannot
+		// overflow usefully past the window, so compare before multiplying.
+		if budget <= s.limits.MaxContext/ps {
+			maxTokens = max(1, min(maxTokens, budget*ps-prompt+1))
+		}
+	}
+	pages = request.MaxKVPages(prompt, maxTokens, ps)
+	if budget > 0 && pages > budget {
+		// Never satisfiable, so not a retryable 429: the same rule the
+		// scheduler applies (one formula, request.MaxKVPages).
+		return 0, 0, &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "kv_page_limit_exceeded", Param: g.maxParam,
+			Message: fmt.Sprintf("This request needs up to %d KV pages (%d prompt tokens + %d max_tokens, %d tokens per page) but your tenant may hold at most %d; lower max_tokens or shorten the prompt.",
+				pages, prompt, maxTokens, ps, budget)}
+	}
+	return maxTokens, pages, nil
 }
 
 // responder writes one endpoint's response shape, streaming or not.
@@ -142,30 +184,13 @@ type responder interface {
 // generate admits, submits and relays one request. Errors before the
 // first byte are returned (an HTTP error); later ones are written as an
 // SSE error event by c.fail.
-func (c *call) generate(prompt []int, g genParams, resp responder) *apiError {
+func (c *call) generate(prompt []int, promptParam string, g genParams, resp responder) *apiError {
 	s := c.s
-	maxTokens, e := s.checkLength(len(prompt), g.maxTokens)
+	maxTokens, pages, e := s.charge(len(prompt), promptParam, &g, c.tenant.Limits.MaxKVPages)
 	if e != nil {
 		return e
 	}
 	c.promptTokens = len(prompt)
-	pages := 0
-	if ps := s.limits.PageSize; ps > 0 {
-		budget := c.tenant.Limits.MaxKVPages
-		if g.maxTokens == 0 && budget > 0 {
-			// An omitted max_tokens means "as much as fits": within the
-			// tenant's page budget as well as the window.
-			maxTokens = max(1, min(maxTokens, budget*ps-len(prompt)+1))
-		}
-		pages = request.MaxKVPages(len(prompt), maxTokens, ps)
-		if budget > 0 && pages > budget {
-			// Never satisfiable, so not a retryable 429: the same rule the
-			// scheduler applies (one formula, request.MaxKVPages).
-			return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "kv_page_limit_exceeded", Param: "max_tokens",
-				Message: fmt.Sprintf("This request needs up to %d KV pages (%d prompt tokens + %d max_tokens, %d tokens per page) but your tenant may hold at most %d; lower max_tokens or shorten the prompt.",
-					pages, len(prompt), maxTokens, ps, budget)}
-		}
-	}
 	grant, err := s.reg.Acquire(s.now(), c.tenant.ID, len(prompt)+maxTokens, pages)
 	if err != nil {
 		var qe *tenants.QuotaError

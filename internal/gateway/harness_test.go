@@ -284,3 +284,11 @@ func idsPrompt(n int) []int {
 	}
 	return ids
 }
+
+// errorParam returns the param of an OpenAI error body ("" for null).
+func errorParam(t *testing.T, b []byte) string {
+	t.Helper()
+	errorCode(t, b)
+	p, _ := decodeBody(t, b)["error"].(map[string]any)["param"].(string)
+	return p
+}

@@ -1,10 +1,12 @@
 package gateway
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
 
+	"github.com/pagewarden/pagewarden/internal/request"
 	"pgregory.net/rapid"
 )
 
@@ -145,6 +147,50 @@ func FuzzCompletionRequest(f *testing.F) {
 		}
 		if g.sampling.Temperature < 0 || g.sampling.Temperature > 2 {
 			t.Fatalf("temperature %v", g.sampling.Temperature)
+		}
+	})
+}
+
+// FuzzCharge drives the admission arithmetic with arbitrary client and
+// operator numbers: whatever it accepts fits the window and the page
+// budget, and nothing it returns is negative or wrapped (a wrapped sum
+// once refilled a tenant's token bucket).
+func FuzzCharge(f *testing.F) {
+	f.Add(2, int64(90), 2048, 16, 0)
+	f.Add(2, int64(1<<63-1), 2048, 16, 4)
+	f.Add(100, int64(0), 128, 16, 3)
+	f.Add(5, int64(1<<30), 1<<30+6, 1, 1<<62)
+	f.Fuzz(func(t *testing.T, prompt int, maxTokens int64, window, pageSize, budget int) {
+		if window < 2 || pageSize < 0 || prompt < 0 || budget < 0 {
+			return // the server refuses such limits at start-up
+		}
+		s := &Server{limits: Limits{MaxContext: window, MaxPromptTokens: window - 1, PageSize: pageSize}}
+		body := []byte(`{"prompt":"x"}`)
+		if maxTokens != 0 {
+			body = []byte(`{"prompt":"x","max_tokens":` + strconv.FormatInt(maxTokens, 10) + `}`)
+		}
+		g, _, e := parseCompletion(body)
+		if e != nil {
+			if maxTokens >= 1 && maxTokens <= maxMaxTokens {
+				t.Fatalf("max_tokens %d refused at parse: %v", maxTokens, e)
+			}
+			return
+		}
+		mt, pages, e := s.charge(prompt, "prompt", &g, budget)
+		if e != nil {
+			if e.Status != 400 || e.Param == "" {
+				t.Fatalf("refusal without a 400 naming a field: %+v", e)
+			}
+			return
+		}
+		if prompt < 1 || mt < 1 || mt > window-prompt {
+			t.Fatalf("accepted prompt %d + max_tokens %d in window %d", prompt, mt, window)
+		}
+		if pages < 0 || (budget > 0 && pages > budget) {
+			t.Fatalf("pages %d with budget %d", pages, budget)
+		}
+		if pageSize > 0 && pages != request.MaxKVPages(prompt, mt, pageSize) {
+			t.Fatalf("pages %d disagree with request.MaxKVPages", pages)
 		}
 	})
 }

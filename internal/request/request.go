@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 )
 
 // ID is a request id: 128 random bits, unguessable, scoped to a tenant.
@@ -73,12 +74,23 @@ type Params struct {
 // holds: the last sampled token is never fed back, so it writes at most
 // promptTokens+maxTokens-1 positions. The gateway's budget check and the
 // scheduler's admission both use it, so the two can never disagree.
+//
+// It never wraps: a sum too large for an int gives math.MaxInt, a count no
+// budget admits, so a caller that forgot to bound its inputs still refuses
+// rather than charging zero (a negative input counts as zero tokens).
 func MaxKVPages(promptTokens, maxTokens, pageSize int) int {
-	n := promptTokens + maxTokens - 1
-	if n <= 0 || pageSize <= 0 {
+	if pageSize <= 0 {
 		return 0
 	}
-	return (n + pageSize - 1) / pageSize
+	promptTokens, maxTokens = max(promptTokens, 0), max(maxTokens, 0)
+	if maxTokens > math.MaxInt-promptTokens {
+		return math.MaxInt
+	}
+	n := promptTokens + maxTokens - 1
+	if n <= 0 {
+		return 0
+	}
+	return n/pageSize + min(n%pageSize, 1)
 }
 
 // FinishReason says why a request ended.
