@@ -30,10 +30,18 @@ type Stats struct {
 
 // Stats returns a snapshot.
 func (p *Pool) Stats() Stats {
-	t := make(map[request.Tenant]int, len(p.tenants))
+	st := p.Counts()
+	st.TenantPages = make(map[request.Tenant]int, len(p.tenants))
 	for k, v := range p.tenants {
-		t[k] = v
+		st.TenantPages[k] = v
 	}
+	return st
+}
+
+// Counts is Stats without the per-tenant pages (TenantPages is nil). It
+// allocates nothing, so that a driver can take it after every step and
+// publish it for metrics without waiting for the loop that owns the pool.
+func (p *Pool) Counts() Stats {
 	return Stats{
 		TotalPages:       p.total,
 		FreePages:        p.count[PageFree],
@@ -42,7 +50,6 @@ func (p *Pool) Stats() Stats {
 		CachedPages:      p.lruLen,
 		QuarantinedPages: p.count[PageQuarantined],
 		Sequences:        len(p.live),
-		TenantPages:      t,
 		Allocations:      p.st.allocations,
 		Scrubs:           p.st.scrubs,
 		Evictions:        p.st.evictions,

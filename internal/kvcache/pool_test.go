@@ -583,3 +583,22 @@ func TestConcurrentViews(t *testing.T) {
 		audit(t, p)
 	}
 }
+
+// TestCountsIsStatsWithoutTenants: Counts, which the scheduler loop takes
+// after every step for metrics, agrees with Stats and allocates nothing.
+func TestCountsIsStatsWithoutTenants(t *testing.T) {
+	p := newPool(t, kvcache.Config{})
+	a := p.NewSequence(owner("a", 1))
+	step(t, p, a, 6, 1)
+	b := p.NewSequence(owner("b", 1))
+	step(t, p, b, 2, 2)
+	p.Release(b)
+	want := p.Stats()
+	want.TenantPages = nil
+	if diff := cmp.Diff(want, p.Counts()); diff != "" {
+		t.Fatalf("Counts (-Stats +Counts):\n%s", diff)
+	}
+	if n := testing.AllocsPerRun(10, func() { _ = p.Counts() }); n != 0 {
+		t.Fatalf("Counts allocates %v times", n)
+	}
+}
