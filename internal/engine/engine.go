@@ -146,7 +146,10 @@ func (e *Engine) Generate(ctx context.Context, owner request.Owner, prompt []int
 	st.Prefill = time.Since(start)
 	decodeStart := time.Now()
 	for st.GeneratedTokens < maxTokens {
-		next := Draw(&smp, cfg, st.GeneratedTokens, history, logits)
+		next, err := Draw(&smp, cfg, st.GeneratedTokens, history, logits)
+		if err != nil {
+			return st, request.FinishError, err
+		}
 		if tok.IsEOG(next) {
 			st.Decode = time.Since(decodeStart)
 			return st, request.FinishStop, nil

@@ -49,7 +49,13 @@ func (x *Executor) Execute(ctx context.Context, b *sched.Batch) ([]sched.Outcome
 		if !it.Sample {
 			continue
 		}
-		out[i].Token = Draw(&x.smp, it.Sampling, it.SampleIndex, it.History, logits[i])
+		tok, err := Draw(&x.smp, it.Sampling, it.SampleIndex, it.History, logits[i])
+		if err != nil {
+			// This request fails alone; its neighbours' logits are their own.
+			out[i].Err = fmt.Errorf("engine: step %d: %w", b.Step, err)
+			continue
+		}
+		out[i].Token = tok
 	}
 	return out, nil
 }
@@ -58,11 +64,12 @@ func (x *Executor) Execute(ctx context.Context, b *sched.Batch) ([]sched.Outcome
 // seeded from the request's seed and index, so a sequence recomputed after
 // preemption (or run by another path: the run command, a server) draws
 // exactly the same tokens. history feeds the repetition penalty.
-// s is a buffer, reset for the draw.
-func Draw(s *sample.Sampler, cfg request.Sampling, index int, history []int, logits []float32) int {
+// s is a buffer, reset for the draw. Logits holding NaN or an infinity
+// are an error (sample.ErrNonFinite), never a token.
+func Draw(s *sample.Sampler, cfg request.Sampling, index int, history []int, logits []float32) (int, error) {
 	penalty := cfg.RepetitionPenalty != 0 && cfg.RepetitionPenalty != 1
-	if !(cfg.Temperature > 0) && !penalty {
-		return sample.Argmax(logits)
+	if sample.Greedy(cfg) && !penalty {
+		return sample.ArgmaxFinite(logits)
 	}
 	cfg.Seed = mixSeed(cfg.Seed, uint64(index))
 	s.Reset(cfg)

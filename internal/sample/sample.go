@@ -5,16 +5,34 @@
 // The order follows vLLM and the OpenAI API: repetition penalty, then
 // temperature, then the top-k, top-p and min-p filters on the tempered
 // distribution, then a draw. Temperature 0 is greedy (the first index of
-// the largest logit, as llama.cpp picks).
+// the largest logit, as llama.cpp picks), and so is any temperature below
+// MinTemperature, as in vLLM: dividing by it would overflow.
+//
+// A logit that is NaN or infinite never becomes a token: Sample returns
+// ErrNonFinite instead, and the caller fails the request.
 package sample
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
 	"slices"
 
 	"github.com/pagewarden/pagewarden/internal/request"
 )
+
+// MinTemperature is the smallest temperature sampled at; below it the
+// draw is greedy (vLLM's sampling epsilon). Tempered logits are computed in
+// float64 from differences to the largest logit, so that no temperature at
+// or above it can overflow.
+const MinTemperature = 1e-5
+
+// ErrNonFinite is returned for logits holding NaN or an infinity: the
+// forward pass went wrong, and no token drawn from them means anything.
+var ErrNonFinite = errors.New("sample: logits hold NaN or an infinity")
+
+// Greedy reports whether cfg always takes the argmax.
+func Greedy(cfg request.Sampling) bool { return !(cfg.Temperature >= MinTemperature) }
 
 // Sampler holds one request's sampling state. It is not safe for concurrent
 // use; each request owns one.
@@ -58,7 +76,7 @@ func penalizing(cfg request.Sampling) bool {
 }
 
 // Greedy reports whether the sampler always takes the argmax.
-func (s *Sampler) Greedy() bool { return !(s.cfg.Temperature > 0) }
+func (s *Sampler) Greedy() bool { return Greedy(s.cfg) }
 
 // Accept records a token of the context (prompt or generated) for the
 // repetition penalty.
@@ -79,8 +97,28 @@ func Argmax(logits []float32) int {
 	return best
 }
 
-// Sample picks the next token from logits, which it may modify.
-func (s *Sampler) Sample(logits []float32) int {
+// ArgmaxFinite is Argmax for logits that must all be finite: it returns
+// ErrNonFinite rather than an index chosen by a NaN's comparisons.
+func ArgmaxFinite(logits []float32) (int, error) {
+	if len(logits) == 0 {
+		return 0, ErrNonFinite
+	}
+	best := 0
+	for i, v := range logits {
+		// v-v is 0 for finite v and NaN for NaN and both infinities.
+		if v-v != 0 {
+			return 0, ErrNonFinite
+		}
+		if v > logits[best] {
+			best = i
+		}
+	}
+	return best, nil
+}
+
+// Sample picks the next token from logits, which it may modify. It fails
+// with ErrNonFinite, and draws nothing, if a logit is NaN or infinite.
+func (s *Sampler) Sample(logits []float32) (int, error) {
 	if s.history != nil {
 		p := s.cfg.RepetitionPenalty
 		for tok := range s.history {
@@ -96,9 +134,12 @@ func (s *Sampler) Sample(logits []float32) int {
 		}
 	}
 	if s.Greedy() {
-		return Argmax(logits)
+		return ArgmaxFinite(logits)
 	}
-	inv := 1 / s.cfg.Temperature
+	if _, err := ArgmaxFinite(logits); err != nil {
+		return 0, err
+	}
+	inv := 1 / float64(s.cfg.Temperature)
 	n := len(logits)
 	byLogit := func(a, b int) int {
 		switch {
@@ -123,12 +164,13 @@ func (s *Sampler) Sample(logits []float32) int {
 	default:
 		idx = s.topN(logits, n, byLogit)
 	}
-	// Softmax over the surviving candidates, tempered.
-	maxL := logits[idx[0]] * inv
+	// Softmax over the surviving candidates, tempered: every exponent is
+	// at most 0 and the first is exactly 0, so sum >= 1.
+	maxL := float64(logits[idx[0]])
 	s.probs = s.probs[:0]
 	var sum float64
 	for _, i := range idx {
-		p := float32(math.Exp(float64(logits[i]*inv - maxL)))
+		p := float32(math.Exp((float64(logits[i]) - maxL) * inv))
 		s.probs = append(s.probs, p)
 		sum += float64(p)
 	}
@@ -164,10 +206,12 @@ func (s *Sampler) Sample(logits []float32) int {
 	for i, p := range probs[:keep] {
 		u -= p
 		if u < 0 {
-			return idx[i]
+			return idx[i], nil
 		}
 	}
-	return idx[keep-1]
+	// Rounding left u at or above 0 after the last candidate: it is the
+	// draw's upper end, which belongs to the last kept candidate.
+	return idx[keep-1], nil
 }
 
 // topN returns the indexes of the m largest logits, best first (ties by
@@ -226,19 +270,19 @@ func (s *Sampler) topN(logits []float32, m int, cmp func(a, b int) int) []int {
 
 // nucleus returns the smallest best-first prefix of the candidates whose
 // tempered probability, normalised over the whole vocabulary, reaches TopP.
-func (s *Sampler) nucleus(logits []float32, inv float32, cmp func(a, b int) int) []int {
+func (s *Sampler) nucleus(logits []float32, inv float64, cmp func(a, b int) int) []int {
 	n := len(logits)
-	maxL := logits[Argmax(logits)] * inv
+	maxL := float64(logits[Argmax(logits)])
 	var sum float64
 	for _, l := range logits {
-		sum += math.Exp(float64(l*inv - maxL))
+		sum += math.Exp((float64(l) - maxL) * inv)
 	}
 	need := float64(s.cfg.TopP) * sum
 	for m := 64; ; m *= 16 {
 		idx := s.topN(logits, min(m, n), cmp)
 		var cum float64
 		for j, i := range idx {
-			cum += math.Exp(float64(logits[i]*inv - maxL))
+			cum += math.Exp((float64(logits[i]) - maxL) * inv)
 			if cum >= need {
 				return idx[:j+1]
 			}

@@ -1,12 +1,23 @@
 package sample
 
 import (
+	"errors"
 	"math"
 	"slices"
 	"testing"
 
 	"github.com/pagewarden/pagewarden/internal/request"
 )
+
+// must samples and fails the test on an error.
+func must(t *testing.T, s *Sampler, logits []float32) int {
+	t.Helper()
+	tok, err := s.Sample(logits)
+	if err != nil {
+		t.Fatalf("Sample: %v", err)
+	}
+	return tok
+}
 
 func TestGreedyPicksFirstMax(t *testing.T) {
 	for _, tc := range []struct {
@@ -17,7 +28,7 @@ func TestGreedyPicksFirstMax(t *testing.T) {
 		{[]float32{5, 5, 1}, 0},
 		{[]float32{-1, -3, -0.5}, 2},
 	} {
-		if got := New(request.Sampling{}).Sample(append([]float32(nil), tc.logits...)); got != tc.want {
+		if got := must(t, New(request.Sampling{}), append([]float32(nil), tc.logits...)); got != tc.want {
 			t.Errorf("greedy %v = %d, want %d", tc.logits, got, tc.want)
 		}
 	}
@@ -31,8 +42,8 @@ func TestSeedReproduces(t *testing.T) {
 	}
 	a, b := New(cfg), New(cfg)
 	for i := 0; i < 50; i++ {
-		x := a.Sample(append([]float32(nil), logits...))
-		y := b.Sample(append([]float32(nil), logits...))
+		x := must(t, a, append([]float32(nil), logits...))
+		y := must(t, b, append([]float32(nil), logits...))
 		if x != y {
 			t.Fatalf("draw %d: %d vs %d with the same seed", i, x, y)
 		}
@@ -56,7 +67,7 @@ func TestFiltersRestrictSupport(t *testing.T) {
 			for seed := uint64(0); seed < 300; seed++ {
 				cfg := tc.cfg
 				cfg.Seed = seed
-				got := New(cfg).Sample(append([]float32(nil), logits...))
+				got := must(t, New(cfg), append([]float32(nil), logits...))
 				if !tc.allowed[got] {
 					t.Fatalf("seed %d sampled %d, outside %v", seed, got, tc.allowed)
 				}
@@ -72,8 +83,52 @@ func TestFiltersRestrictSupport(t *testing.T) {
 func TestRepetitionPenalty(t *testing.T) {
 	s := New(request.Sampling{RepetitionPenalty: 2})
 	s.Accept(0)
-	if got := s.Sample([]float32{3, 2, 1}); got != 1 {
+	if got := must(t, s, []float32{3, 2, 1}); got != 1 {
 		t.Fatalf("penalised token still chosen: got %d", got)
+	}
+}
+
+// TestTinyTemperature: a temperature whose inverse overflows float32 used to
+// make every tempered logit Inf-Inf = NaN and return the last candidate, the
+// least likely token, with HTTP 200. Below MinTemperature the draw is
+// greedy; just above it, it is the argmax as well (the runner-up is e^-1e5
+// less likely).
+func TestTinyTemperature(t *testing.T) {
+	logits := []float32{0.5, 3, 2.9, -7, 1}
+	for _, temp := range []float32{1e-38, 1e-30, 1e-8, MinTemperature / 2, MinTemperature, 1e-4} {
+		for _, cfg := range []request.Sampling{
+			{Temperature: temp},
+			{Temperature: temp, TopP: 0.9},
+			{Temperature: temp, TopK: 3},
+			{Temperature: temp, MinP: 0.1},
+		} {
+			for seed := range uint64(20) {
+				cfg.Seed = seed
+				if got := must(t, New(cfg), slices.Clone(logits)); got != 1 {
+					t.Fatalf("%+v sampled %d, want the argmax 1", cfg, got)
+				}
+			}
+		}
+	}
+}
+
+// TestNonFiniteLogitsAreAnError: NaN or an infinity in the logits is an
+// error on every path, never a token.
+func TestNonFiniteLogitsAreAnError(t *testing.T) {
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	for _, logits := range [][]float32{
+		{nan, 1, 2}, {1, nan, 2}, {1, 2, nan}, {1, inf, 2}, {float32(math.Inf(-1)), 1, 2}, {},
+	} {
+		for _, cfg := range []request.Sampling{
+			{}, {Temperature: 1}, {Temperature: 0.7, TopP: 0.9}, {Temperature: 1, TopK: 2}, {Temperature: 1, MinP: 0.5},
+			{RepetitionPenalty: 1.5},
+		} {
+			s := New(cfg)
+			s.Accept(0)
+			if tok, err := s.Sample(slices.Clone(logits)); !errors.Is(err, ErrNonFinite) {
+				t.Errorf("%+v on %v: token %d, err %v; want ErrNonFinite", cfg, logits, tok, err)
+			}
+		}
 	}
 }
 
@@ -150,7 +205,7 @@ func TestNucleusMatchesFullSort(t *testing.T) {
 				}
 			}
 			s := New(cfg)
-			got := s.nucleus(logits, 1/cfg.Temperature, func(a, b int) int {
+			got := s.nucleus(logits, 1/float64(cfg.Temperature), func(a, b int) int {
 				if logits[a] != logits[b] {
 					if logits[a] > logits[b] {
 						return -1
