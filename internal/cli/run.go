@@ -115,7 +115,7 @@ Without --model the built-in model (random weights, byte-level vocabulary) is us
 			if seed >= 0 {
 				s.Seed = uint64(seed)
 			} else {
-				s.Seed = uint64(request.NewID()[0]) | uint64(request.NewID()[1])<<8
+				s.Seed = request.NewSeed()
 			}
 			out := bufio.NewWriter(cmd.OutOrStdout())
 			if echo {

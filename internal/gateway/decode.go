@@ -232,6 +232,10 @@ func (f *commonFields) validate() (genParams, *apiError) {
 	}
 	if f.Seed != nil {
 		g.sampling.Seed = uint64(*f.Seed)
+	} else {
+		// Without a seed every request must draw differently: a fixed
+		// default would give two tenants the same "random" text.
+		g.sampling.Seed = request.NewSeed()
 	}
 	if f.N != nil && *f.N != 1 {
 		return g, unsupported("n", "'n' other than 1")

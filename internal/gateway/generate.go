@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/pagewarden/pagewarden/internal/gateway/chattmpl"
@@ -218,6 +219,9 @@ func (c *call) generate(prompt []int, promptParam string, g genParams, resp resp
 		// client's salt only ever subdivides the tenant's own cache.
 		CacheSalt: c.tenant.CacheNamespace + "|" + g.cacheSalt, Priority: c.tenant.Limits.Priority,
 	}
+	// The effective seed, as the signed integer the API's seed takes, so
+	// that a client can replay an unseeded answer.
+	c.w.Header().Set("X-Seed", strconv.FormatInt(int64(g.sampling.Seed), 10))
 	s.m.promptTokens.WithLabelValues(c.tenant.ID).Add(float64(len(prompt)))
 	gauge := s.m.inFlight.WithLabelValues(c.tenant.ID)
 	gauge.Inc()

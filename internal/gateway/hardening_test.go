@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"strconv"
 	"testing"
 
 	"github.com/pagewarden/pagewarden/internal/gateway"
@@ -38,5 +39,30 @@ func TestMaxTokensOverflowKeepsQuota(t *testing.T) {
 	}
 	if r := h.post("/v1/completions", keyBeta, body(90)); r.status != 429 {
 		t.Fatalf("after the huge max_tokens the bucket was refilled: %d %s", r.status, r.body)
+	}
+}
+
+// Unseeded requests each draw a fresh seed, reported in X-Seed; a seeded
+// one uses its own and reports it unchanged.
+func TestUnseededRequestsDrawFreshSeeds(t *testing.T) {
+	h := newHarness(t, nil)
+	seeds := map[uint64]bool{}
+	for i, key := range []string{keyAlpha, keyBeta, keyAlpha, keyBeta} {
+		r := h.post("/v1/completions", key, map[string]any{"prompt": "x", "max_tokens": 3, "temperature": 1})
+		if r.status != 200 {
+			t.Fatalf("%d: %s", r.status, r.body)
+		}
+		got := h.fake.LastParams().Sampling.Seed
+		if seeds[got] {
+			t.Fatalf("request %d reused seed %d", i, got)
+		}
+		seeds[got] = true
+		if hdr := r.header.Get("X-Seed"); hdr != strconv.FormatUint(got, 10) {
+			t.Errorf("X-Seed %q, submitted seed %d", hdr, got)
+		}
+	}
+	r := h.post("/v1/chat/completions", keyAlpha, chatBody(map[string]any{"seed": -7, "temperature": 1}))
+	if r.status != 200 || h.fake.LastParams().Sampling.Seed != uint64(1<<64-7) || r.header.Get("X-Seed") != "-7" {
+		t.Fatalf("seeded: %d seed %d X-Seed %q", r.status, h.fake.LastParams().Sampling.Seed, r.header.Get("X-Seed"))
 	}
 }

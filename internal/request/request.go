@@ -7,6 +7,7 @@ package request
 
 import (
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -32,6 +33,18 @@ func (id ID) String() string { return hex.EncodeToString(id[:]) }
 
 // IsZero reports whether id was never set.
 func (id ID) IsZero() bool { return id == ID{} }
+
+// NewSeed returns a fresh random sampling seed for a request that named
+// none, so that two unseeded requests (of one tenant or two) never draw the
+// same tokens. It fits in 63 bits, so a client can send it back as the
+// API's (signed) seed to reproduce the output.
+func NewSeed() uint64 {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("request: crypto/rand failed: %v", err))
+	}
+	return binary.LittleEndian.Uint64(b[:]) >> 1
+}
 
 // Tenant identifies a customer. It comes only from authentication.
 type Tenant string
