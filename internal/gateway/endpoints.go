@@ -25,11 +25,23 @@ type tokenizeRequest struct {
 	AddGenerationPrompt *bool           `json:"add_generation_prompt"`
 }
 
+// tokenize counts against the tenant's quota like a generation request:
+// one request, a concurrency slot while it runs, and, up front, as many
+// tokens as the body has bytes (no text yields more tokens than bytes, bar
+// the special ones), refunded down to the tokens it produced. Tokenizing is
+// CPU the tenant asked for; outside every quota, a few megabyte bodies a
+// second would take a core from everyone.
 func (s *Server) tokenize(c *call) *apiError {
 	body, e := c.readBody()
 	if e != nil {
 		return e
 	}
+	grant, e := c.acquire(len(body)+2, 0)
+	if e != nil {
+		return e
+	}
+	used := len(body) + 2
+	defer func() { grant.Release(s.now(), used) }()
 	var req tokenizeRequest
 	if e := decodeJSON(body, &req); e != nil {
 		return e
@@ -62,6 +74,7 @@ func (s *Server) tokenize(c *call) *apiError {
 	default:
 		return badRequest("prompt", "'prompt' or 'messages' is required.")
 	}
+	used = len(ids)
 	if ids == nil {
 		ids = []int{}
 	}
@@ -86,6 +99,12 @@ func (s *Server) detokenize(c *call) *apiError {
 	if req.Tokens == nil {
 		return badRequest("tokens", "'tokens' is required.")
 	}
+	// Under the quota as tokenize is: a request, a slot, its tokens.
+	grant, e := c.acquire(len(req.Tokens), 0)
+	if e != nil {
+		return e
+	}
+	defer grant.Release(s.now(), len(req.Tokens))
 	for _, id := range req.Tokens {
 		if id < 0 {
 			return badRequest("tokens", "Token ids must not be negative.")

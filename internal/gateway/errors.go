@@ -18,6 +18,10 @@ var (
 	ErrDraining      = errors.New("gateway: server is draining")
 )
 
+// statusClientClosed is nginx's "client closed request": used in logs and
+// metrics for a client that left before its answer, never sent to anyone.
+const statusClientClosed = 499
+
 // apiError is what every handler returns on failure. Message (and Param,
 // Code, Type) reach the client; Err is logged and never sent, so internals
 // (paths, addresses, stack traces, other tenants' data) cannot leak through

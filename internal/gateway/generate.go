@@ -138,6 +138,22 @@ func (s *Server) checkLength(prompt int, promptParam string, g *genParams) (int,
 	return maxTokens, nil
 }
 
+// acquire admits the call under its tenant's quota, charging tokens and
+// pages; the caller releases the grant with what it used.
+func (c *call) acquire(tokens, pages int) (*tenants.Grant, *apiError) {
+	grant, err := c.s.reg.Acquire(c.s.now(), c.tenant.ID, tokens, pages)
+	if err != nil {
+		var qe *tenants.QuotaError
+		if errors.As(err, &qe) {
+			return nil, &apiError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "rate_limit_exceeded",
+				Message:    fmt.Sprintf("Rate limit reached for your API key (%s); retry after %d s.", qe.Limit, int(qe.RetryAfter/time.Second)),
+				RetryAfter: qe.RetryAfter, Err: err}
+		}
+		return nil, errUnauthorized // tenant removed by a reload a moment ago
+	}
+	return grant, nil
+}
+
 // charge decides what a request of prompt tokens costs before it is
 // admitted: the max_tokens it runs with and the worst-case KV pages it
 // holds, refusing it if it can never fit the window or the tenant's page
@@ -192,15 +208,9 @@ func (c *call) generate(prompt []int, promptParam string, g genParams, resp resp
 		return e
 	}
 	c.promptTokens = len(prompt)
-	grant, err := s.reg.Acquire(s.now(), c.tenant.ID, len(prompt)+maxTokens, pages)
-	if err != nil {
-		var qe *tenants.QuotaError
-		if errors.As(err, &qe) {
-			return &apiError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "rate_limit_exceeded",
-				Message:    fmt.Sprintf("Rate limit reached for your API key (%s); retry after %d s.", qe.Limit, int(qe.RetryAfter/time.Second)),
-				RetryAfter: qe.RetryAfter, Err: err}
-		}
-		return errUnauthorized // tenant removed by a reload a moment ago
+	grant, e := c.acquire(len(prompt)+maxTokens, pages)
+	if e != nil {
+		return e
 	}
 	used := len(prompt)
 	defer func() { grant.Release(s.now(), used) }()
@@ -232,7 +242,7 @@ func (c *call) generate(prompt []int, promptParam string, g genParams, resp resp
 		if c.ctx.Err() != nil {
 			// The client hung up before the request started: nobody to
 			// answer, and not a server failure.
-			c.status, c.finish, c.err = 499, "client_closed", err
+			c.status, c.finish, c.err = statusClientClosed, "client_closed", err
 			return nil
 		}
 		return backendError(fmt.Errorf("submit: %w", err))
@@ -282,7 +292,7 @@ loop:
 			}
 			// The client is gone: nobody to answer. 499 is nginx's
 			// "client closed request", used only in logs and metrics.
-			c.status, c.finish, c.err = 499, "client_closed", c.ctx.Err()
+			c.status, c.finish, c.err = statusClientClosed, "client_closed", c.ctx.Err()
 			return count, nil
 		case tok, ok := <-tokens:
 			if !ok {
@@ -313,7 +323,7 @@ loop:
 			if out != "" {
 				if err := resp.delta(c, g, out); err != nil {
 					abortWait()
-					c.status, c.finish, c.err = 499, "client_closed", err
+					c.status, c.finish, c.err = statusClientClosed, "client_closed", err
 					return count, nil
 				}
 			}
@@ -370,7 +380,7 @@ loop:
 		}
 		if tail := text.finish(); tail != "" {
 			if err := resp.delta(c, g, tail); err != nil {
-				c.status, c.finish, c.err = 499, "client_closed", err
+				c.status, c.finish, c.err = statusClientClosed, "client_closed", err
 				return count, nil
 			}
 		}
@@ -379,7 +389,7 @@ loop:
 	u := usageJSON{PromptTokens: c.promptTokens, CompletionTokens: count, TotalTokens: c.promptTokens + count,
 		PromptTokensDetails: &promptDetails{CachedTokens: c.cachedTokens}}
 	if err := resp.finish(c, g, reason, u); err != nil {
-		c.status, c.err = 499, err
+		c.status, c.err = statusClientClosed, err
 	}
 	return count, nil
 }

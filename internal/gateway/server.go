@@ -131,6 +131,19 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
+// endpointMethods is the method each known path takes, for the 405 that a
+// known path with another method gets (the catch-all route would otherwise
+// answer 404, as if the endpoint did not exist).
+var endpointMethods = map[string]string{
+	"/v1/chat/completions": http.MethodPost,
+	"/v1/completions":      http.MethodPost,
+	"/v1/models":           http.MethodGet,
+	"/tokenize":            http.MethodPost,
+	"/detokenize":          http.MethodPost,
+	"/healthz":             http.MethodGet,
+	"/readyz":              http.MethodGet,
+}
+
 func (s *Server) routes() {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", s.handle("chat", true, s.chatCompletions))
@@ -155,6 +168,11 @@ func (s *Server) routes() {
 		mux.Handle("GET /metrics", s.MetricsHandler())
 	}
 	mux.HandleFunc("/", s.handle("unknown", false, func(c *call) *apiError {
+		if allow, ok := endpointMethods[c.r.URL.Path]; ok {
+			c.w.Header().Set("Allow", allow)
+			return &apiError{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_allowed",
+				Message: fmt.Sprintf("%s is not allowed on %s; use %s.", c.r.Method, c.r.URL.Path, allow)}
+		}
 		return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "not_found",
 			Message: "Unknown endpoint."}
 	}))
@@ -293,7 +311,8 @@ type call struct {
 	tenant   tenants.Tenant
 	id       request.ID
 	status   int
-	started  bool // a response byte was written
+	code     string // the error code sent, if any
+	started  bool   // a response byte was written
 
 	promptTokens, completionTokens, cachedTokens int
 	ttft                                         time.Duration
@@ -347,7 +366,7 @@ func (c *call) fail(e *apiError) {
 	if e.Err != nil && c.err == nil {
 		c.err = e.Err
 	}
-	c.status = e.Status
+	c.status, c.code = e.Status, e.Code
 	if c.started {
 		writeSSEError(c.w, e)
 		return
@@ -390,7 +409,12 @@ func (c *call) done() {
 		attrs = append(attrs, slog.String("prompt", c.promptText), slog.String("output", c.outputText))
 	}
 	level := slog.LevelInfo
-	if c.status >= 500 {
+	switch {
+	case c.code == "overloaded" || c.code == "shutting_down":
+		// Load shedding and draining work as designed: an operator
+		// watches their rate, not an error log line per refusal.
+		level = slog.LevelWarn
+	case c.status >= 500:
 		level = slog.LevelError
 	}
 	s.log.LogAttrs(context.Background(), level, "request", attrs...)
@@ -404,6 +428,13 @@ func (c *call) readBody() ([]byte, *apiError) {
 		if errors.As(err, &mbe) {
 			return nil, &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "request_too_large",
 				Message: fmt.Sprintf("The request body is larger than %d bytes.", c.s.cfg.MaxBodyBytes)}
+		}
+		if c.ctx.Err() != nil || errors.Is(err, io.ErrUnexpectedEOF) {
+			// The client went away mid-body: its mistake to abandon,
+			// not a malformed request. 499 as nginx logs it.
+			c.finish = "client_closed"
+			return nil, &apiError{Status: statusClientClosed, Type: "invalid_request_error", Code: "client_closed",
+				Message: "The client closed the connection before the request body was complete.", Err: err}
 		}
 		return nil, &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "invalid_body",
 			Message: "The request body could not be read.", Err: err}

@@ -46,6 +46,8 @@ const (
 	FaultResultOwner          // the terminal Result carries another owner
 	FaultBadUsage             // the Result's usage miscounts completion tokens
 	FaultSuccessWithErr       // FinishStop with a non-nil Err
+	FaultTokenIndex           // token number At carries index At+1 (a gap: a lost or reordered token)
+	FaultRepeatIndex          // token number At carries index At-1 (a duplicate)
 )
 
 // Behavior scripts one request.
@@ -304,8 +306,15 @@ func (s *stream) run(ctx context.Context) {
 			t.Stop()
 		}
 		tok := request.Token{Owner: owner, Index: i, ID: id}
-		if s.b.Fault == FaultWrongOwner && i == s.b.At {
-			tok.Owner = request.Owner{Tenant: "intruder", ID: request.NewID()}
+		if i == s.b.At {
+			switch s.b.Fault {
+			case FaultWrongOwner:
+				tok.Owner = request.Owner{Tenant: "intruder", ID: request.NewID()}
+			case FaultTokenIndex:
+				tok.Index++
+			case FaultRepeatIndex:
+				tok.Index--
+			}
 		}
 		select {
 		case s.tokens <- tok:
