@@ -8,5 +8,9 @@
 // pages) are token buckets and counters driven by an explicit clock, so they
 // can be tested without sleeping; their state survives a configuration
 // reload, which swaps the tenant set atomically without touching requests
-// already in flight.
+// already in flight, for as long as the same customer holds the tenant id.
+// An id removed or handed to a customer with none of its keys starts
+// afresh: nothing of the previous holder's buckets, in-flight count or
+// cache namespace carries over. Generation tells a reader that caches
+// tenant limits (the scheduler's policies) when to read them again.
 package tenants

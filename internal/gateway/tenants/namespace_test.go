@@ -1,6 +1,10 @@
 package tenants
 
-import "testing"
+import (
+	"errors"
+	"testing"
+	"time"
+)
 
 // TestCacheNamespaceFollowsTheCustomer: a tenant keeps its prefix-cache
 // namespace across reloads while it keeps a key, and gets a new one when
@@ -48,5 +52,70 @@ func TestCacheNamespaceFollowsTheCustomer(t *testing.T) {
 		if nsB() != b0 {
 			t.Errorf("%s: tenant b's namespace changed", st.name)
 		}
+	}
+}
+
+// TestRecycledIDStartsWithFreshQuota: quota state follows the customer,
+// like the cache namespace. A reload that keeps a customer keeps its
+// buckets and in-flight count; an id handed to another customer starts
+// with full buckets and nothing in flight, and the previous holder's grant
+// is released into the previous holder's counts, not the new one's.
+func TestRecycledIDStartsWithFreshQuota(t *testing.T) {
+	lim := Limits{TokensPerMinute: 100, MaxConcurrent: 1}
+	cfg := func(keys ...string) *Config {
+		return &Config{Tenants: []Tenant{{ID: "a", APIKeySHA256: keys, Limits: lim}}}
+	}
+	k1, k2, k3 := HashKey("key-one"), HashKey("key-two"), HashKey("key-three")
+	r, err := NewRegistry(cfg(k1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := r.Generation(); g != 1 {
+		t.Fatalf("generation %d after NewRegistry, want 1", g)
+	}
+	now := time.Unix(1000, 0)
+	old, err := r.Acquire(now, "a", 90, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The same customer, reconfigured: the old state stays in force.
+	if err := r.Reload(cfg(k1, k2)); err != nil {
+		t.Fatal(err)
+	}
+	if g := r.Generation(); g != 2 {
+		t.Fatalf("generation %d after a reload, want 2", g)
+	}
+	if _, err := r.Acquire(now, "a", 1, 1); !errors.Is(err, ErrQuotaExceeded) {
+		t.Fatalf("same customer after a reload: %v, want its quota still spent", err)
+	}
+
+	// Another customer gets the id: nothing carries over.
+	if err := r.Reload(cfg(k3)); err != nil {
+		t.Fatal(err)
+	}
+	if n := r.InFlight("a"); n != 0 {
+		t.Fatalf("new holder starts with %d in flight", n)
+	}
+	fresh, err := r.Acquire(now, "a", 90, 1)
+	if err != nil {
+		t.Fatalf("new holder refused on the previous holder's quota: %v", err)
+	}
+	old.Release(now, 0) // the previous holder's request ends, unused
+	if n := r.InFlight("a"); n != 1 {
+		t.Fatalf("in flight %d after the previous holder's release, want the new holder's 1", n)
+	}
+	var qe *QuotaError
+	if _, err := r.Acquire(now, "a", 1, 1); !errors.As(err, &qe) || qe.Limit != "max_concurrent" {
+		t.Fatalf("second concurrent request of the new holder: %v", err)
+	}
+	// The previous holder's refund of 90 tokens did not reach the new
+	// holder's bucket, which has 10 of 100 left.
+	fresh.Release(now, 90)
+	if _, err := r.Acquire(now, "a", 20, 1); !errors.As(err, &qe) || qe.Limit != "tokens_per_minute" {
+		t.Fatalf("the new holder's own tpm bucket: %v", err)
+	}
+	if _, err := r.Acquire(now, "a", 10, 1); err != nil {
+		t.Fatalf("the new holder within its bucket: %v", err)
 	}
 }

@@ -31,8 +31,12 @@ func (e *QuotaError) Unwrap() error { return ErrQuotaExceeded }
 
 // Registry authenticates API keys and enforces quotas. The tenant set is an
 // immutable snapshot swapped atomically by Reload; quota state is kept per
-// tenant id across reloads so that a reload neither refills buckets nor
-// forgets requests in flight.
+// customer across reloads so that a reload neither refills buckets nor
+// forgets requests in flight. A customer is a tenant id together with its
+// CacheNamespace: when an id is removed or handed to someone with none of
+// its keys, the new holder starts with full buckets and nothing in flight,
+// and the previous holder's grants are released into the previous
+// holder's counts.
 type Registry struct {
 	snap     atomic.Pointer[snapshot]
 	reloadMu sync.Mutex // serialises Reload (namespaces carry over)
@@ -44,6 +48,7 @@ type Registry struct {
 type snapshot struct {
 	keys []keyEntry
 	byID map[string]Tenant
+	gen  uint64 // Generation
 }
 
 type keyEntry struct {
@@ -51,7 +56,9 @@ type keyEntry struct {
 	tenant string
 }
 
+// usage is one customer's quota state.
 type usage struct {
+	customer string // the holder's CacheNamespace
 	inflight int
 	pages    int
 	rpm      bucket
@@ -138,9 +145,27 @@ func (r *Registry) Reload(cfg *Config) error {
 			s.keys = append(s.keys, keyEntry{hash: d, tenant: t.ID})
 		}
 	}
+	s.gen = 1
+	if prev != nil {
+		s.gen = prev.gen + 1
+	}
 	r.snap.Store(s)
+	// Forget the counts of customers who no longer hold their id; grants
+	// still out keep theirs and release into them.
+	r.mu.Lock()
+	for id, u := range r.usage {
+		if t, ok := s.byID[id]; !ok || t.CacheNamespace != u.customer {
+			delete(r.usage, id)
+		}
+	}
+	r.mu.Unlock()
 	return nil
 }
+
+// Generation counts the configurations the registry has held: 1 after
+// NewRegistry, one more after each successful Reload. Whoever caches what
+// Tenant returned re-reads it when the generation changes.
+func (r *Registry) Generation() uint64 { return r.snap.Load().gen }
 
 // sharesKey reports whether two definitions of a tenant id have a key in
 // common: the same customer, reconfigured, rather than a new customer
@@ -198,6 +223,7 @@ func (r *Registry) Tenant(id string) (Tenant, bool) {
 // exactly once when the request ends.
 type Grant struct {
 	r        *Registry
+	u        *usage // the customer's counts at Acquire, even if the id changed hands since
 	tenant   string
 	tokens   int
 	pages    int
@@ -217,8 +243,8 @@ func (r *Registry) Acquire(now time.Time, tenant string, tokens, pages int) (*Gr
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	u := r.usage[tenant]
-	if u == nil {
-		u = &usage{}
+	if u == nil || u.customer != t.CacheNamespace {
+		u = &usage{customer: t.CacheNamespace}
 		r.usage[tenant] = u
 	}
 	refuse := func(limit string, after time.Duration) error {
@@ -255,7 +281,7 @@ func (r *Registry) Acquire(now time.Time, tenant string, tokens, pages int) (*Gr
 	}
 	u.inflight++
 	u.pages += pages
-	return &Grant{r: r, tenant: tenant, tokens: tokens, pages: pages}, nil
+	return &Grant{r: r, u: u, tenant: tenant, tokens: tokens, pages: pages}, nil
 }
 
 // Release returns the grant's concurrency slot and pages, and refunds the
@@ -268,10 +294,12 @@ func (g *Grant) Release(now time.Time, used int) {
 	r := g.r
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	u := r.usage[g.tenant]
+	u := g.u
 	u.inflight--
 	u.pages -= g.pages
-	if unused := g.tokens - used; unused > 0 && u.tpm.init {
+	// Refund only a customer who still holds the id: the bucket of one
+	// who left is gone.
+	if unused := g.tokens - used; unused > 0 && u.tpm.init && r.usage[g.tenant] == u {
 		l, _ := r.Tenant(g.tenant)
 		if l.Limits.TokensPerMinute > 0 {
 			u.tpm.refill(now, l.Limits.TokensPerMinute)
@@ -280,11 +308,13 @@ func (g *Grant) Release(now time.Time, used int) {
 	}
 }
 
-// InFlight is the number of admitted, unreleased requests of tenant.
+// InFlight is the number of admitted, unreleased requests of the customer
+// who now holds tenant id (those of a previous holder are not counted).
 func (r *Registry) InFlight(tenant string) int {
+	t, ok := r.Tenant(tenant)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if u := r.usage[tenant]; u != nil {
+	if u := r.usage[tenant]; ok && u != nil && u.customer == t.CacheNamespace {
 		return u.inflight
 	}
 	return 0
