@@ -23,23 +23,6 @@ var (
 	ErrConfig = errors.New("sched: invalid configuration")
 )
 
-// TenantPolicy is a tenant's configured share of the node. Zero values mean
-// "no cap beyond the node's own".
-type TenantPolicy struct {
-	// MaxPages caps the KV pages the tenant's running sequences hold at
-	// once. A request that could never fit under it is refused with
-	// request.ErrQuota at submission.
-	MaxPages int
-	// MaxRunning caps the tenant's sequences running at once.
-	MaxRunning int
-	// MaxQueued caps the tenant's waiting requests (0: the node's
-	// MaxQueuedPerTenant); beyond it, request.ErrOverloaded.
-	MaxQueued int
-	// Priority orders tenants when pages are short: higher is scheduled
-	// first and preempted last. Params.Priority orders within it.
-	Priority int
-}
-
 // Config configures a Core. Zero values take the defaults noted.
 type Config struct {
 	Limits Limits        // required, from ComputeLimits
@@ -70,8 +53,9 @@ type Config struct {
 	// pool's tenant-scoped prefix cache and publishes new ones.
 	PrefixCache bool
 	// Policy gives each tenant's share; nil gives everyone the zero
-	// policy. It is called once when a tenant becomes active and must be
-	// deterministic.
+	// policy. It is called when a tenant becomes active and, for every
+	// active tenant, by UpdatePolicies; between two UpdatePolicies it must
+	// return the same answers (the core is deterministic).
 	Policy func(request.Tenant) TenantPolicy
 	// QuarantineReapAfter scrubs and frees, on Tick, pages that have been
 	// quarantined (after an isolation violation) for at least this long,
@@ -148,17 +132,6 @@ type req struct {
 	delivered   bool // its Result was handed out by Ready
 }
 
-// tenant is the per-tenant scheduling state.
-type tenant struct {
-	name    request.Tenant
-	policy  TenantPolicy
-	queue   []*req // FIFO; preempted requests go back to the front
-	running int
-	pages   int
-	served  uint64 // step it last started a sequence (round-robin tie-break)
-	skip    uint64 // step in which its head could not start under its own caps
-}
-
 // Stats are the core's counters and gauges.
 type Stats struct {
 	Queued, Running int
@@ -212,10 +185,13 @@ type Core struct {
 	now  time.Time
 
 	reqs    map[request.Owner]*req
-	tenants map[request.Tenant]*tenant
-	active  []*tenant // tenants with queued or running requests, in activation order
+	tenants map[request.Tenant]*tenant // the current holder of each active id
+	active  []*tenant                  // tenants with queued or running requests, in activation order
 	running []*req
 	queued  int
+	// capsStale: UpdatePolicies may have lowered caps that running
+	// sequences exceed; the next schedule preempts them back within.
+	capsStale bool
 
 	inflight     *Batch
 	inflightReqs []*req
@@ -302,31 +278,6 @@ func (c *Core) Tick(now time.Time) {
 	}
 }
 
-func (c *Core) tenantFor(name request.Tenant) *tenant {
-	if t, ok := c.tenants[name]; ok {
-		return t
-	}
-	t := &tenant{name: name}
-	if c.cfg.Policy != nil {
-		t.policy = c.cfg.Policy(name)
-	}
-	c.tenants[name] = t
-	c.active = append(c.active, t)
-	return t
-}
-
-// retire forgets a tenant with nothing queued or running, so that the
-// tenant table stays bounded by the active tenants.
-func (c *Core) retire(t *tenant) {
-	if t.running > 0 || len(t.queue) > 0 {
-		return
-	}
-	delete(c.tenants, t.name)
-	if i := slices.Index(c.active, t); i >= 0 {
-		c.active = slices.Delete(c.active, i, i+1)
-	}
-}
-
 // Submit offers an admitted request to its tenant's queue. It fails, with
 // nothing recorded and no page touched, when the core shuts down
 // (request.ErrShuttingDown), the request was admitted under other limits
@@ -349,11 +300,9 @@ func (c *Core) Submit(a Admitted) error {
 	}
 	r := &req{owner: p.Owner, adm: a, params: p}
 	t := c.tenantFor(p.Owner.Tenant)
-	need := request.MaxKVPages(len(p.Prompt), p.MaxTokens, c.lim.PageSize)
-	var cause error
+	cause := c.unfit(t, p)
 	switch {
-	case t.policy.MaxPages > 0 && need > t.policy.MaxPages:
-		cause = fmt.Errorf("%w: the request needs up to %d KV pages, the tenant may hold %d", request.ErrQuota, need, t.policy.MaxPages)
+	case cause != nil:
 	case len(t.queue) >= cmp.Or(t.policy.MaxQueued, c.cfg.MaxQueuedPerTenant):
 		cause = fmt.Errorf("%w: %d requests of this tenant are waiting", request.ErrOverloaded, len(t.queue))
 	case c.queued >= c.cfg.MaxQueued:
@@ -571,6 +520,7 @@ func (c *Core) schedule() *Batch {
 	c.inflightReqs = c.inflightReqs[:0]
 	budget := c.cfg.MaxBatchTokens
 
+	c.enforceCaps()
 	c.relieveStarvation()
 
 	// Decodes (one token) before prefill chunks, each group in priority
@@ -609,6 +559,11 @@ func (c *Core) schedule() *Batch {
 			break
 		}
 		r := t.queue[0]
+		if err := c.unfit(t, r.params); err != nil {
+			// It waited under caps that have changed since.
+			c.shed(r, err)
+			continue
+		}
 		seq := c.pool.NewSequence(r.owner)
 		cached := 0
 		if c.cfg.PrefixCache {
@@ -694,6 +649,10 @@ func (c *Core) add(b *Batch, r *req, n int) bool {
 // whether r can run this step.
 func (c *Core) grow(r *req, positions int) bool {
 	t := r.tenant
+	if err := c.unfitGrowth(r, positions); err != nil {
+		c.end(r, func(l *Lifecycle) error { return l.Abort(err) })
+		return false
+	}
 	for {
 		extra := c.lim.PagesFor(positions) - r.seq.NumPages()
 		if extra <= 0 {
@@ -720,6 +679,38 @@ func (c *Core) grow(r *req, positions int) bool {
 			return false
 		}
 	}
+}
+
+// unfit says why a request of tenant t with params p can never start
+// (nil if it can): it could outgrow the tenant's page cap.
+func (c *Core) unfit(t *tenant, p *request.Params) error {
+	need := request.MaxKVPages(len(p.Prompt), p.MaxTokens, c.lim.PageSize)
+	if cp := t.policy.MaxPages; cp > 0 && need > cp {
+		return fmt.Errorf("%w: the request needs up to %d KV pages, the tenant may hold %d", request.ErrQuota, need, cp)
+	}
+	return nil
+}
+
+// unfitGrowth says why running r can never hold positions (nil if it
+// can): alone they exceed its tenant's page cap, so preempting others
+// would not help.
+func (c *Core) unfitGrowth(r *req, positions int) error {
+	need := c.lim.PagesFor(positions)
+	if cp := r.tenant.policy.MaxPages; cp > 0 && need > cp {
+		return fmt.Errorf("%w: the request needs %d KV pages to go on, the tenant may hold %d", request.ErrQuota, need, cp)
+	}
+	return nil
+}
+
+// shed ends a waiting request that can never start with cause: Rejected
+// if it never ran, Aborted if it was preempted (what it streamed stands).
+func (c *Core) shed(r *req, cause error) {
+	c.unqueue(r)
+	if r.preemptions == 0 {
+		c.end(r, func(l *Lifecycle) error { return l.Reject(cause) })
+		return
+	}
+	c.end(r, func(l *Lifecycle) error { return l.Abort(cause) })
 }
 
 // victim picks the running sequence to preempt so that r can grow: among
@@ -942,10 +933,13 @@ func (c *Core) CheckInvariants() error {
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	pages := map[*tenant]int{}
 	running := map[*tenant]int{}
-	queued := 0
+	queued, holders := 0, 0
 	for _, t := range c.active {
-		if c.tenants[t.name] != t {
-			bad("active tenant %q not in the tenant table", t.name)
+		if (c.tenants[t.name] == t) == t.former {
+			bad("active tenant %q (former holder %v) in the tenant table %v", t.name, t.former, c.tenants[t.name] == t)
+		}
+		if !t.former {
+			holders++
 		}
 		for _, r := range t.queue {
 			queued++
@@ -954,8 +948,8 @@ func (c *Core) CheckInvariants() error {
 			}
 		}
 	}
-	if queued != c.queued || len(c.tenants) != len(c.active) {
-		bad("queued count %d, queues hold %d; %d tenants, %d active", c.queued, queued, len(c.tenants), len(c.active))
+	if queued != c.queued || len(c.tenants) != holders {
+		bad("queued count %d, queues hold %d; %d tenants, %d active holders", c.queued, queued, len(c.tenants), holders)
 	}
 	for _, r := range c.running {
 		if r.seq == nil || !r.life.State().Running() && !(r.inFlight && r.life.State().Terminal()) {
@@ -975,7 +969,8 @@ func (c *Core) CheckInvariants() error {
 		if t.pages != pages[t] || t.running != running[t] {
 			bad("tenant %q: %d pages / %d running recorded, %d / %d held", t.name, t.pages, t.running, pages[t], running[t])
 		}
-		if t.policy.MaxPages > 0 && t.pages > t.policy.MaxPages || t.policy.MaxRunning > 0 && t.running > t.policy.MaxRunning {
+		// Caps lowered by UpdatePolicies hold from the next step on.
+		if !c.capsStale && (t.policy.MaxPages > 0 && t.pages > t.policy.MaxPages || t.policy.MaxRunning > 0 && t.running > t.policy.MaxRunning) {
 			bad("tenant %q over its caps: %d pages (cap %d), %d running (cap %d)", t.name, t.pages, t.policy.MaxPages, t.running, t.policy.MaxRunning)
 		}
 	}

@@ -27,6 +27,12 @@
 //     recomputed later with the same output. Per-tenant caps (TenantPolicy)
 //     hold at all times, and a tenant with nothing running is not starved
 //     by one holding more than its share.
+//   - One policy at a time. After a tenant configuration reload the driver
+//     calls UpdatePolicies (Node does when NodeConfig.PolicyGeneration
+//     moves): raised caps and new priorities apply at once, lowered caps
+//     from the next step, and a tenant id handed to another customer
+//     starts with its own queue and caps while the previous holder's
+//     requests drain.
 //   - Writers before free. Pages of a request aborted while its batch runs
 //     are released only when that batch is advanced.
 //   - Quarantine ends only by an explicit action. Pages the pool

@@ -24,6 +24,13 @@ type NodeConfig struct {
 	// quarantined pages wait for the reaper (default 50ms); only queue
 	// timeouts and reaping depend on it.
 	TickEvery time.Duration
+	// PolicyGeneration reports the version of what Core.Policy returns
+	// (tenants.Registry.Generation). The loop reads it before it applies a
+	// submission and before each step, and calls Core.UpdatePolicies when
+	// it changed. Bump it after the policies changed and before the
+	// gateway admits under the new ones: no request admitted under a new
+	// policy then meets an old one here. nil: policies never change.
+	PolicyGeneration func() uint64
 }
 
 // Node runs a Core in one goroutine (Run) and offers the Go API the gateway
@@ -39,6 +46,9 @@ type Node struct {
 	events chan event
 	done   chan struct{}
 	ran    atomic.Bool
+
+	policyGen func() uint64
+	gen       uint64 // the generation the core's policies are from; loop-owned
 
 	// streams is owned by the loop goroutine.
 	streams map[request.Owner]*Stream
@@ -90,7 +100,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 	if cfg.TickEvery <= 0 {
 		cfg.TickEvery = 50 * time.Millisecond
 	}
-	return &Node{
+	n := &Node{
 		core:    core,
 		exec:    cfg.Executor,
 		lim:     core.Limits(),
@@ -99,7 +109,24 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		events:  make(chan event, 64),
 		done:    make(chan struct{}),
 		streams: make(map[request.Owner]*Stream),
-	}, nil
+
+		policyGen: cfg.PolicyGeneration,
+	}
+	if n.policyGen != nil {
+		n.gen = n.policyGen()
+	}
+	return n, nil
+}
+
+// syncPolicies brings the core's tenant policies up to date.
+func (n *Node) syncPolicies() {
+	if n.policyGen == nil {
+		return
+	}
+	if g := n.policyGen(); g != n.gen {
+		n.gen = g
+		n.core.UpdatePolicies()
+	}
 }
 
 // Limits is the node's one set of limits.
@@ -241,6 +268,7 @@ func (n *Node) Run(ctx context.Context) error {
 	timer := time.NewTimer(n.tick)
 	defer timer.Stop()
 	for {
+		n.syncPolicies()
 		n.core.Tick(n.clock())
 		rd := n.core.Ready()
 		n.deliver(&rd)
@@ -325,6 +353,7 @@ func (n *Node) drain() {
 func (n *Node) apply(ev event) {
 	switch ev.kind {
 	case evSubmit:
+		n.syncPolicies()
 		err := n.core.Submit(ev.adm)
 		if err == nil {
 			n.streams[ev.adm.Owner()] = ev.stream
