@@ -23,6 +23,13 @@ var (
 	ErrConfig = errors.New("sched: invalid configuration")
 )
 
+// ErrPoolDegraded is a request outcome: the request needs more KV pages
+// than the pool holds once the pages quarantined after isolation
+// violations are set aside, so it could never run now. It wraps
+// request.ErrOverloaded (a 503 to retry later): the operator's
+// ScrubQuarantined, or the reaper, brings the pages back.
+var ErrPoolDegraded = fmt.Errorf("sched: quarantined KV pages leave too few for the request: %w", request.ErrOverloaded)
+
 // Config configures a Core. Zero values take the defaults noted.
 type Config struct {
 	Limits Limits        // required, from ComputeLimits
@@ -282,7 +289,8 @@ func (c *Core) Tick(now time.Time) {
 // nothing recorded and no page touched, when the core shuts down
 // (request.ErrShuttingDown), the request was admitted under other limits
 // (ErrLimitsMismatch), its owner is already known (ErrDuplicate), it could
-// never fit the tenant's page cap (request.ErrQuota), or the queues are full
+// never fit the tenant's page cap (request.ErrQuota) or, with no reaper, the
+// pool less its quarantined pages (ErrPoolDegraded), or the queues are full
 // (request.ErrOverloaded).
 func (c *Core) Submit(a Admitted) error {
 	if !a.Valid() {
@@ -295,12 +303,16 @@ func (c *Core) Submit(a Admitted) error {
 		return request.ErrShuttingDown
 	}
 	p := &a.a.params
+	c.watchQuarantine() // capacity is counted against the pool as it is now
 	if _, dup := c.reqs[p.Owner]; dup {
 		return fmt.Errorf("%w: %v", ErrDuplicate, p.Owner)
 	}
 	r := &req{owner: p.Owner, adm: a, params: p}
 	t := c.tenantFor(p.Owner.Tenant)
 	cause := c.unfit(t, p)
+	if c.waitsForReaper(cause) {
+		cause = nil
+	}
 	switch {
 	case cause != nil:
 	case len(t.queue) >= cmp.Or(t.policy.MaxQueued, c.cfg.MaxQueuedPerTenant):
@@ -520,6 +532,7 @@ func (c *Core) schedule() *Batch {
 	c.inflightReqs = c.inflightReqs[:0]
 	budget := c.cfg.MaxBatchTokens
 
+	c.watchQuarantine()
 	c.enforceCaps()
 	c.relieveStarvation()
 
@@ -560,8 +573,13 @@ func (c *Core) schedule() *Batch {
 		}
 		r := t.queue[0]
 		if err := c.unfit(t, r.params); err != nil {
-			// It waited under caps that have changed since.
-			c.shed(r, err)
+			// The caps or the pool changed since it was submitted.
+			// Either way it must not hold up the other tenants.
+			if c.waitsForReaper(err) {
+				t.skip = c.step
+			} else {
+				c.shed(r, err)
+			}
 			continue
 		}
 		seq := c.pool.NewSequence(r.owner)
@@ -650,7 +668,12 @@ func (c *Core) add(b *Batch, r *req, n int) bool {
 func (c *Core) grow(r *req, positions int) bool {
 	t := r.tenant
 	if err := c.unfitGrowth(r, positions); err != nil {
-		c.end(r, func(l *Lifecycle) error { return l.Abort(err) })
+		// Preempting others would not help.
+		if c.waitsForReaper(err) {
+			c.preempt(r)
+		} else {
+			c.end(r, func(l *Lifecycle) error { return l.Abort(err) })
+		}
 		return false
 	}
 	for {
@@ -682,24 +705,39 @@ func (c *Core) grow(r *req, positions int) bool {
 }
 
 // unfit says why a request of tenant t with params p can never start
-// (nil if it can): it could outgrow the tenant's page cap.
+// (nil if it can): it could outgrow the tenant's page cap
+// (request.ErrQuota), or the pool less its quarantined pages
+// (ErrPoolDegraded).
 func (c *Core) unfit(t *tenant, p *request.Params) error {
-	need := request.MaxKVPages(len(p.Prompt), p.MaxTokens, c.lim.PageSize)
+	return c.fits(t, request.MaxKVPages(len(p.Prompt), p.MaxTokens, c.lim.PageSize), "up to ")
+}
+
+// unfitGrowth says why running r can never hold positions (nil if it
+// can), by the same rules as unfit.
+func (c *Core) unfitGrowth(r *req, positions int) error {
+	return c.fits(r.tenant, c.lim.PagesFor(positions), "")
+}
+
+func (c *Core) fits(t *tenant, need int, upTo string) error {
 	if cp := t.policy.MaxPages; cp > 0 && need > cp {
-		return fmt.Errorf("%w: the request needs up to %d KV pages, the tenant may hold %d", request.ErrQuota, need, cp)
+		return fmt.Errorf("%w: the request needs %s%d KV pages, the tenant may hold %d", request.ErrQuota, upTo, need, cp)
+	}
+	if capa := c.capacity(); need > capa {
+		return fmt.Errorf("%w: the request needs %s%d KV pages, %d of the pool's %d are quarantined after isolation violations",
+			ErrPoolDegraded, upTo, need, c.lim.UsablePages-capa, c.lim.UsablePages)
 	}
 	return nil
 }
 
-// unfitGrowth says why running r can never hold positions (nil if it
-// can): alone they exceed its tenant's page cap, so preempting others
-// would not help.
-func (c *Core) unfitGrowth(r *req, positions int) error {
-	need := c.lim.PagesFor(positions)
-	if cp := r.tenant.policy.MaxPages; cp > 0 && need > cp {
-		return fmt.Errorf("%w: the request needs %d KV pages to go on, the tenant may hold %d", request.ErrQuota, need, cp)
-	}
-	return nil
+// capacity is the most pages one sequence could hold in the pool as it
+// is now: the usable pages less the quarantined ones.
+func (c *Core) capacity() int { return c.lim.UsablePages - len(c.quarantine) }
+
+// waitsForReaper reports whether a request refused by unfit with err is
+// to wait rather than end: it lacks only quarantined pages, and the
+// reaper will free them.
+func (c *Core) waitsForReaper(err error) bool {
+	return c.cfg.QuarantineReapAfter > 0 && errors.Is(err, ErrPoolDegraded)
 }
 
 // shed ends a waiting request that can never start with cause: Rejected
@@ -798,7 +836,8 @@ func (c *Core) pickTenant() *tenant {
 func (c *Core) relieveStarvation() {
 	var starved *tenant
 	for _, t := range c.active {
-		if len(t.queue) > 0 && t.running == 0 && (starved == nil || t.queue[0].order < starved.queue[0].order) {
+		if len(t.queue) > 0 && t.running == 0 && (starved == nil || t.queue[0].order < starved.queue[0].order) &&
+			c.unfit(t, t.queue[0].params) == nil {
 			starved = t
 		}
 	}

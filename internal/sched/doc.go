@@ -39,7 +39,11 @@
 //     quarantined after a violation are never reused until they are
 //     scrubbed and freed, either by the operator (ScrubQuarantined, between
 //     two steps) or by the reaper on Tick once they have been quarantined
-//     for Config.QuarantineReapAfter (0: never); Stats counts both.
+//     for Config.QuarantineReapAfter (0: never); Stats counts both. While
+//     pages are quarantined, a request that needs more than the rest of
+//     the pool ends with ErrPoolDegraded (a retryable overload) instead of
+//     waiting at the head of the line for pages that are not coming; with
+//     a reaper it waits for them, and other tenants go ahead meanwhile.
 //
 // Shape: Core is a deterministic state machine (no goroutines, clock or IO;
 // time comes in through Tick, effects go out through Ready as data, and
