@@ -53,6 +53,8 @@ type sim struct {
 	log     []string
 	iter    uint64
 	aborts  map[uint64][]request.Owner // iteration -> requests to abort then
+	// policies is what Config.Policy returns; reloadPolicy changes it.
+	policies map[request.Tenant]TenantPolicy
 }
 
 func (s *sim) logf(format string, args ...any) {
@@ -85,18 +87,7 @@ func newSim(seed uint64, mut mutant) (*sim, error) {
 	policies := map[request.Tenant]TenantPolicy{}
 	for i := range tenants {
 		tenants[i] = request.Tenant(fmt.Sprintf("t%d", i))
-		var p TenantPolicy
-		if rng.IntN(3) == 0 {
-			p.MaxPages = 1 + rng.IntN(lim.PagesFor(window)+2)
-		}
-		if rng.IntN(3) == 0 {
-			p.MaxRunning = 1 + rng.IntN(3)
-		}
-		if rng.IntN(3) == 0 {
-			p.MaxQueued = 1 + rng.IntN(4)
-		}
-		p.Priority = rng.IntN(2)
-		policies[tenants[i]] = p
+		policies[tenants[i]] = randomPolicy(rng, lim)
 	}
 	cfg := Config{
 		Limits:             lim,
@@ -126,6 +117,8 @@ func newSim(seed uint64, mut mutant) (*sim, error) {
 		reqs:   map[request.Owner]*simRequest{},
 		aborts: map[uint64][]request.Owner{},
 		exec:   &echoExecutor{vocab: vocab},
+
+		policies: policies,
 	}
 	s.exec.salt = func(o request.Owner) string { return s.reqs[o].params.CacheSalt }
 	failRate := []int{0, 0, 50, 200}[rng.IntN(4)] // 1 in N items fail
@@ -134,6 +127,36 @@ func newSim(seed uint64, mut mutant) (*sim, error) {
 		s.exec.batchFail = func() bool { return rng.IntN(failRate*4) == 0 }
 	}
 	return s, nil
+}
+
+// randomPolicy draws a tenant policy.
+func randomPolicy(rng *rand.Rand, lim Limits) TenantPolicy {
+	var p TenantPolicy
+	if rng.IntN(3) == 0 {
+		p.MaxPages = 1 + rng.IntN(lim.PagesFor(lim.MaxContext)+2)
+	}
+	if rng.IntN(3) == 0 {
+		p.MaxRunning = 1 + rng.IntN(3)
+	}
+	if rng.IntN(3) == 0 {
+		p.MaxQueued = 1 + rng.IntN(4)
+	}
+	p.Priority = rng.IntN(2)
+	return p
+}
+
+// reloadPolicy is a tenant configuration reload: one tenant's policy
+// changes, sometimes with the id handed to another customer.
+func (s *sim) reloadPolicy() {
+	t := s.tenants[s.rng.IntN(len(s.tenants))]
+	p := randomPolicy(s.rng, s.lim)
+	p.Customer = s.policies[t].Customer
+	if s.rng.IntN(3) == 0 {
+		p.Customer = fmt.Sprint("customer-", s.iter)
+	}
+	s.policies[t] = p
+	s.core.UpdatePolicies()
+	s.logf("reloaded %s: %+v", t, p)
 }
 
 // length draws a prompt length or max_tokens from the boundary set.
@@ -326,6 +349,9 @@ func (s *sim) step(arrivals bool) error {
 			return err
 		}
 	}
+	if s.rng.IntN(40) == 0 {
+		s.reloadPolicy()
+	}
 	rd := s.core.Ready()
 	if err := s.deliver(rd); err != nil {
 		return err
@@ -337,6 +363,9 @@ func (s *sim) step(arrivals bool) error {
 			if err := s.abortSome(); err != nil {
 				return err
 			}
+		}
+		if s.rng.IntN(80) == 0 {
+			s.reloadPolicy() // caps it lowers hold from the next step
 		}
 		outs, err := s.exec.Execute(nil, rd.Batch)
 		if len(s.exec.foreign) > 0 {
