@@ -582,30 +582,13 @@ func (c *Core) schedule() *Batch {
 			}
 			continue
 		}
-		seq := c.pool.NewSequence(r.owner)
-		cached := 0
-		if c.cfg.PrefixCache {
-			// Shared pages of the tenant's earlier prompts; they count
-			// against its cap like its own.
-			cached = c.pool.AttachPrefix(seq, r.tokens, r.params.CacheSalt)
-		}
-		n := min(len(r.tokens)-cached, budget)
-		total := c.lim.PagesFor(cached + n)
-		if t.policy.MaxPages > 0 && t.pages+total > t.policy.MaxPages {
-			c.pool.Release(seq)
-			t.skip = c.step // its own cap: others may go ahead
-			continue
-		}
-		// Keep the watermark for running sequences, unless nothing runs
-		// (then nobody needs it, and the request must be able to start).
-		if len(c.running) > 0 && c.pool.FreePages()-(total-seq.NumPages()) < c.cfg.WatermarkPages {
-			c.pool.Release(seq)
-			break
-		}
-		if err := c.pool.Reserve(seq, n); err != nil {
+		seq, cached, n, ok := c.prepareStart(t, r, budget)
+		if !ok {
+			if t.skip == c.step {
+				continue // its own cap: others may go ahead
+			}
 			// Out of pages: everyone waits (no overtaking), so a large
 			// request at the head is not starved by small ones.
-			c.pool.Release(seq)
 			break
 		}
 		c.unqueue(r)
@@ -633,6 +616,65 @@ func (c *Core) schedule() *Batch {
 	c.inflight = b
 	c.stats.Steps++
 	return b
+}
+
+// prepareStart gets r's sequence ready to run its first n positions after
+// the cached ones the prefix cache served, within its tenant's cap and the
+// free pages less the watermark (kept for running sequences to grow into,
+// unless nothing runs: then nobody needs it and r must be able to start).
+// When r cannot start now it returns !ok with no sequence; t.skip is set
+// if its own cap is what holds it.
+//
+// Attaching the cached prefix counts prefix-cache hits (and misses) in the
+// pool, so the attach comes only after the start is certain and covers no
+// more than the step can use: the room is checked as if every page the
+// cache might serve had to come out of the free pages. A request that
+// waits is therefore counted once, when it starts, not on every step it
+// waits; the price is that one whose cached pages are in use by others
+// may wait for a few pages it would not have needed.
+func (c *Core) prepareStart(t *tenant, r *req, budget int) (seq *kvcache.Sequence, cached, n int, ok bool) {
+	// first is how many pages the first step holds in all, cached ones
+	// included (they count against the tenant's cap like its own).
+	first := func(cached int) int { return c.lim.PagesFor(min(len(r.tokens), cached+budget)) }
+	room := c.pool.FreePages()
+	if len(c.running) > 0 {
+		room -= c.cfg.WatermarkPages
+	}
+	if cp := t.policy.MaxPages; cp > 0 && first(0) > cp-t.pages {
+		t.skip = c.step
+		return nil, 0, 0, false
+	}
+	if cp := t.policy.MaxPages; cp > 0 {
+		room = min(room, cp-t.pages)
+	}
+	if first(0) > room {
+		return nil, 0, 0, false
+	}
+	seq = c.pool.NewSequence(r.owner)
+	if c.cfg.PrefixCache {
+		// AttachPrefix serves full pages of tokens[:k-1]: at most
+		// cached = room*PageSize - budget positions keep first(cached)
+		// within room when the whole of r.tokens does not fit it.
+		k := len(r.tokens)
+		if first(k) > room {
+			ps := c.lim.PageSize
+			k = min(k, (room*ps-budget)/ps*ps+1)
+		}
+		cached = c.pool.AttachPrefix(seq, r.tokens[:k], r.params.CacheSalt)
+	}
+	n = min(len(r.tokens)-cached, budget)
+	if total := c.lim.PagesFor(cached + n); total > room {
+		_ = invariants.Failf("sched: start of %v: %d cached positions make a first step of %d pages, room was %d", r.owner, cached, total, room)
+		c.pool.Release(seq)
+		return nil, 0, 0, false
+	}
+	if err := c.pool.Reserve(seq, n); err != nil {
+		// Only when allocation found unscrubbed pages and quarantined
+		// them on the way: the free pages were fewer than counted.
+		c.pool.Release(seq)
+		return nil, 0, 0, false
+	}
+	return seq, cached, n, true
 }
 
 // add begins r's view for n positions and appends the item. It reports
