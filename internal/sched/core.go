@@ -160,26 +160,6 @@ type Stats struct {
 	Reaped, Scrubbed uint64
 }
 
-// mutant selects a deliberately broken behaviour for positive-control
-// tests. It is an unexported field that only this package's tests set.
-type mutant uint8
-
-const (
-	mutantNone mutant = iota
-	// mutantSideTable records a client abort in a side table instead of
-	// the state (SGLang's to_finish vs finished()): the request keeps
-	// running and can finish "successfully".
-	mutantSideTable
-	// mutantPlaceholderQueued additionally shrinks a running request to a
-	// 1-token placeholder and puts it back in the queue without moving
-	// its state, as the incident did.
-	mutantPlaceholderQueued
-	// mutantPlaceholderPreempted shrinks the request to a 1-token
-	// placeholder through a legal preemption (state Admitted), so only
-	// the end-to-end checks can see it.
-	mutantPlaceholderPreempted
-)
-
 // Core is the deterministic scheduler: request lifecycle, admission
 // queues, continuous batching and preemption over one kvcache.Pool. It has
 // no goroutines, no clock and no IO. Inputs are Submit, Abort, Shutdown,
@@ -211,8 +191,7 @@ type Core struct {
 
 	order []*req // scratch for schedule
 
-	mutant   mutant
-	toFinish map[request.Owner]bool // only under mutantSideTable & co.
+	mut mutants // bug re-introduction hooks: empty unless built with pw_mutants
 
 	// The reaper's view of the pool's quarantine (reaper.go).
 	quarantine  []quarantined // by page id
@@ -392,7 +371,7 @@ func (c *Core) abort(owner request.Owner, cause error) error {
 	if r.life.State().Terminal() {
 		return nil
 	}
-	if c.mutant != mutantNone && cause == request.ErrAborted && c.mutantAbort(r) {
+	if c.mutantAbort(r, cause) {
 		return nil
 	}
 	c.unqueue(r)
@@ -999,11 +978,7 @@ func (c *Core) take(r *req, tok int) {
 }
 
 func (c *Core) finish(r *req, reason request.FinishReason) {
-	if c.toFinish[r.owner] {
-		// Only reachable under a mutant: the abort lived in a side table
-		// and the state still says running.
-		c.stats.AbortedButCompleted++
-	}
+	c.mutantFinished(r)
 	c.end(r, func(l *Lifecycle) error { return l.Finish(reason) })
 }
 

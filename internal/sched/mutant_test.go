@@ -1,3 +1,5 @@
+//go:build pw_mutants
+
 package sched
 
 import (
@@ -39,7 +41,7 @@ func TestIncidentPlaceholderRejected(t *testing.T) {
 		if st, _ := h.core.State(o); st != StatePrefilling {
 			t.Fatalf("state %s, want Prefilling", st)
 		}
-		h.core.mutant = mut
+		h.core.setMutant(mut)
 		v := catchViolation(t, func() { _ = h.core.Abort(o) })
 		if mut == mutantNone {
 			if v != nil {

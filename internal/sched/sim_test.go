@@ -110,7 +110,7 @@ func newSim(seed uint64, mut mutant) (*sim, error) {
 	if err != nil {
 		return nil, err
 	}
-	core.mutant = mut
+	core.setMutant(mut)
 	s := &sim{
 		rng: rng, core: core, pool: pool, lim: lim, vocab: vocab, tenants: tenants,
 		now:    time.Unix(1_700_000_000, 0),
