@@ -1,0 +1,292 @@
+package transfer
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"hash/crc32"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/pagewarden/pagewarden/internal/request"
+)
+
+var equateEmpty = cmpopts.EquateEmpty()
+
+func sampleRef() Ref {
+	return Ref{ID: ReservationID{Incarnation: 0xfeedface, Seq: 9}, Owner: owner("org_a", 3), Epoch: 2}
+}
+
+// sampleMessages holds one message of every type, with every field set.
+func sampleMessages() []Message {
+	h := NewHello("prefill-1", RolePrefill, testLayout())
+	d := [][32]byte{PageDigest(0, 16, pageBytes(1, 0, 16)), PageDigest(1, 3, pageBytes(1, 1, 3))}
+	return []Message{
+		&h,
+		&Reserve{Owner: owner("org_b", 4), Epoch: 1, PromptTokens: 19, MaxNewTokens: 30, Sender: "prefill-1"},
+		&Grant{Ref: sampleRef(), PageCount: 2, PromptTokens: 19, MaxNewTokens: 30, LeaseTTL: 10 * Second},
+		&Page{Ref: sampleRef(), Index: 1, Filled: 3, Data: pageBytes(1, 1, 3)},
+		&Manifest{Ref: sampleRef(), Layout: testLayout().Hash(), PageCount: 2, Filled: []int{16, 3}, TotalTokens: 19, PageDigests: d, FirstToken: 511},
+		&Commit{sampleRef()},
+		&Committed{sampleRef()},
+		&Abort{Ref: sampleRef(), Reason: ReasonDigestMismatch},
+		&AbortAck{Ref: sampleRef(), Drained: true},
+		&Heartbeat{sampleRef()},
+	}
+}
+
+// randomMessage builds a message of a random type with random, encodable
+// field values.
+func randomMessage(rng *rand.Rand) Message {
+	str := func() string {
+		b := make([]byte, rng.IntN(12))
+		for i := range b {
+			b[i] = byte(rng.IntN(256))
+		}
+		return string(b)
+	}
+	n := func(limit int) int { return rng.IntN(limit + 1) }
+	var id request.ID
+	for i := range id {
+		id[i] = byte(rng.Uint32())
+	}
+	o := request.Owner{Tenant: request.Tenant(str()), ID: id}
+	ref := Ref{ID: ReservationID{Incarnation: rng.Uint64(), Seq: rng.Uint64()}, Owner: o, Epoch: rng.Uint64()}
+	var dig [32]byte
+	for i := range dig {
+		dig[i] = byte(rng.Uint32())
+	}
+	switch MsgType(1 + rng.IntN(int(numMsgTypes)-1)) {
+	case MsgHello:
+		l := Layout{ModelDigest: dig, DType: 0, PageSize: n(maxInt32), Layers: n(64), KVHeads: n(64), HeadDim: n(256), MaxContext: n(maxInt32), Protocol: uint16(rng.Uint32())}
+		return &Hello{Node: Peer(str()), Role: Role(rng.IntN(256)), Layout: l, Hash: dig,
+			Limits: Limits{MaxContext: n(maxInt32), MaxPromptTokens: n(maxInt32), PageSize: n(maxInt32), PageBytes: rng.Int64()}}
+	case MsgReserve:
+		return &Reserve{Owner: o, Epoch: rng.Uint64(), PromptTokens: n(maxInt32), MaxNewTokens: n(maxInt32), Sender: Peer(str())}
+	case MsgGrant:
+		return &Grant{Ref: ref, PageCount: n(MaxPages), PromptTokens: n(maxInt32), MaxNewTokens: n(maxInt32), LeaseTTL: Duration(rng.Int64())}
+	case MsgPage:
+		data := make([]byte, rng.IntN(64))
+		for i := range data {
+			data[i] = byte(rng.Uint32())
+		}
+		return &Page{Ref: ref, Index: n(MaxPages - 1), Filled: n(maxInt32), Data: data}
+	case MsgManifest:
+		k := rng.IntN(6)
+		m := &Manifest{Ref: ref, Layout: dig, PageCount: k, TotalTokens: n(maxInt32), FirstToken: n(maxInt32)}
+		for i := range k {
+			m.Filled = append(m.Filled, n(maxInt32))
+			d := dig
+			d[0] = byte(i)
+			m.PageDigests = append(m.PageDigests, d)
+		}
+		return m
+	case MsgCommit:
+		return &Commit{ref}
+	case MsgCommitted:
+		return &Committed{ref}
+	case MsgAbort:
+		return &Abort{Ref: ref, Reason: Reason(rng.Uint32())}
+	case MsgAbortAck:
+		return &AbortAck{Ref: ref, Drained: rng.IntN(2) == 0}
+	default:
+		return &Heartbeat{ref}
+	}
+}
+
+// roundTrip checks decode(encode(m)) == m and that the encoding is
+// canonical.
+func roundTrip(t testing.TB, m Message) []byte {
+	t.Helper()
+	b, err := EncodeFrame(m)
+	if err != nil {
+		t.Fatalf("encode %T: %v", m, err)
+	}
+	got, err := DecodeFrame(b)
+	if err != nil {
+		t.Fatalf("decode %T: %v", m, err)
+	}
+	if diff := cmp.Diff(m, got, equateEmpty); diff != "" {
+		t.Fatalf("%T round trip (-sent +received):\n%s", m, diff)
+	}
+	again, err := EncodeFrame(got)
+	if err != nil || !bytes.Equal(again, b) {
+		t.Fatalf("%T: re-encoding differs (%v)", m, err)
+	}
+	return b
+}
+
+func TestFrameRoundTrip(t *testing.T) {
+	for _, m := range sampleMessages() {
+		roundTrip(t, m)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 2000 {
+		roundTrip(t, randomMessage(rng))
+	}
+}
+
+// TestFrameTruncated: every proper prefix of every frame is refused, and
+// so is a frame with bytes appended.
+func TestFrameTruncated(t *testing.T) {
+	for _, m := range sampleMessages() {
+		b, err := EncodeFrame(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for n := range len(b) {
+			if got, err := DecodeFrame(b[:n]); !errors.Is(err, ErrFrame) || got != nil {
+				t.Fatalf("%T cut to %d of %d bytes: %v, %v", m, n, len(b), got, err)
+			}
+		}
+		if _, err := DecodeFrame(append(b[:len(b):len(b)], 0)); !errors.Is(err, ErrFrame) {
+			t.Fatalf("%T with a byte appended: %v", m, err)
+		}
+	}
+}
+
+// TestFrameCorrupt: the checksum catches every single-bit flip.
+func TestFrameCorrupt(t *testing.T) {
+	for _, m := range sampleMessages() {
+		b, err := EncodeFrame(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for bit := range 8 * len(b) {
+			c := bytes.Clone(b)
+			c[bit/8] ^= 1 << (bit % 8)
+			if got, err := DecodeFrame(c); err == nil {
+				t.Fatalf("%T with bit %d flipped decoded to %+v", m, bit, got)
+			}
+		}
+	}
+}
+
+// rawFrame frames body by hand, with a correct checksum, so that the
+// decoder's own bounds are what refuses it.
+func rawFrame(version uint16, typ MsgType, flags byte, bodyLen int, body []byte) []byte {
+	b := binary.BigEndian.AppendUint32(nil, frameMagic)
+	b = binary.BigEndian.AppendUint16(b, version)
+	b = append(b, byte(typ), flags)
+	b = binary.BigEndian.AppendUint32(b, uint32(bodyLen))
+	b = append(b, body...)
+	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+}
+
+func refBytes() []byte {
+	e := &encoder{}
+	e.ref(sampleRef())
+	return e.b
+}
+
+func TestFrameBounds(t *testing.T) {
+	u32 := func(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
+	cat := func(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
+	manifestHead := func(pages uint32) []byte {
+		return cat(refBytes(), make([]byte, 32), u32(pages), u32(19), u32(5))
+	}
+	tests := []struct {
+		name  string
+		frame []byte
+		want  error
+		text  string
+	}{
+		{"body over the limit", rawFrame(1, MsgPage, 0, MaxFrameBody+1, nil), ErrFrame, "body"},
+		{"other version", rawFrame(2, MsgCommit, 0, len(refBytes()), refBytes()), ErrVersion, "version"},
+		{"unknown type", rawFrame(1, 0, 0, len(refBytes()), refBytes()), ErrFrame, "type"},
+		{"type beyond the last", rawFrame(1, numMsgTypes, 0, len(refBytes()), refBytes()), ErrFrame, "type"},
+		{"flags", rawFrame(1, MsgCommit, 1, len(refBytes()), refBytes()), ErrFrame, "flags"},
+		{"length beyond the frame", rawFrame(1, MsgCommit, 0, len(refBytes())+4, refBytes()), ErrFrame, "bytes for a"},
+		{"trailing bytes", rawFrame(1, MsgCommit, 0, len(refBytes())+1, cat(refBytes(), []byte{0})), ErrFrame, "trailing"},
+		{"page data beyond the limit", rawFrame(1, MsgPage, 0, len(refBytes())+12, cat(refBytes(), u32(0), u32(1), u32(MaxPageBytes+1))), ErrFrame, "page data of"},
+		{"page data beyond the body", rawFrame(1, MsgPage, 0, len(refBytes())+14, cat(refBytes(), u32(0), u32(1), u32(1000), []byte{1, 2})), ErrFrame, "remain"},
+		{"page index beyond the limit", rawFrame(1, MsgPage, 0, len(refBytes())+12, cat(refBytes(), u32(MaxPages), u32(1), u32(0))), ErrFrame, "page index"},
+		{"manifest pages beyond the limit", rawFrame(1, MsgManifest, 0, len(manifestHead(MaxPages+1)), manifestHead(MaxPages+1)), ErrFrame, "page count"},
+		// The lists are checked against the bytes left before they are
+		// allocated: MaxPages entries are not made for a 100-byte frame.
+		{"manifest lists beyond the body", rawFrame(1, MsgManifest, 0, len(manifestHead(MaxPages)), manifestHead(MaxPages)), ErrFrame, "needs"},
+		{"int over 2^31", rawFrame(1, MsgGrant, 0, len(refBytes())+20, cat(refBytes(), u32(1), u32(1<<31), u32(1), make([]byte, 8))), ErrFrame, "prompt tokens"},
+		{"boolean 2", rawFrame(1, MsgAbortAck, 0, len(refBytes())+1, cat(refBytes(), []byte{2})), ErrFrame, "drained"},
+		{"string beyond the body", rawFrame(1, MsgCommit, 0, 17, cat(make([]byte, 16), []byte{200})), ErrFrame, "tenant"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := DecodeFrame(tc.frame)
+			if !errors.Is(err, tc.want) || m != nil || !strings.Contains(err.Error(), tc.text) {
+				t.Fatalf("DecodeFrame = %v, %v; want %v mentioning %q", m, err, tc.want, tc.text)
+			}
+		})
+	}
+	if _, err := ParseHeader(make([]byte, HeaderSize-1)); !errors.Is(err, ErrFrame) {
+		t.Fatalf("short header: %v", err)
+	}
+	h, err := ParseHeader(rawFrame(1, MsgPage, 0, 40, nil))
+	if err != nil || h.FrameLen() != HeaderSize+40+TrailerSize {
+		t.Fatalf("header %+v, %v", h, err)
+	}
+}
+
+// TestEncodeRefuses: the encoder refuses what the decoder would, so every
+// frame it makes decodes.
+func TestEncodeRefuses(t *testing.T) {
+	long := request.Tenant(strings.Repeat("x", MaxNameLen+1))
+	for name, m := range map[string]Message{
+		"negative index":    &Page{Ref: sampleRef(), Index: -1},
+		"index at the max":  &Page{Ref: sampleRef(), Index: MaxPages},
+		"long tenant":       &Commit{Ref{Owner: request.Owner{Tenant: long}}},
+		"long sender":       &Reserve{Owner: owner("a", 1), Sender: Peer(long)},
+		"huge page":         &Page{Ref: sampleRef(), Data: make([]byte, MaxPageBytes+1)},
+		"lists too short":   &Manifest{Ref: sampleRef(), PageCount: 2, Filled: []int{1}, PageDigests: make([][32]byte, 2)},
+		"too many pages":    &Manifest{Ref: sampleRef(), PageCount: MaxPages + 1},
+		"negative lease":    &Grant{Ref: sampleRef(), LeaseTTL: -1},
+		"token over 2^31-1": &Manifest{Ref: sampleRef(), FirstToken: 1 << 31},
+		"nil":               nil,
+	} {
+		if b, err := EncodeFrame(m); !errors.Is(err, ErrFrame) || len(b) != 0 {
+			t.Errorf("%s: %d bytes, %v", name, len(b), err)
+		}
+	}
+	// AppendFrame leaves dst as it was on error.
+	dst := []byte("keep")
+	if out, err := AppendFrame(dst, &Page{Ref: sampleRef(), Index: -1}); err == nil || string(out) != "keep" {
+		t.Errorf("AppendFrame on error: %q, %v", out, err)
+	}
+}
+
+// FuzzFrame: decoding never panics; whatever decodes is the canonical
+// encoding of a message that round-trips; and a message built from the
+// input round-trips through encode and decode.
+func FuzzFrame(f *testing.F) {
+	for _, m := range sampleMessages() {
+		b, err := EncodeFrame(m)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte{})
+	f.Add([]byte("PWXF"))
+	f.Add(rawFrame(1, MsgManifest, 0, 200, make([]byte, 200)))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if m, err := DecodeFrame(data); err == nil {
+			b, err := EncodeFrame(m)
+			if err != nil {
+				t.Fatalf("decoded %T does not encode: %v", m, err)
+			}
+			if !bytes.Equal(b, data) {
+				t.Fatalf("decoded %T re-encodes to other bytes", m)
+			}
+			roundTrip(t, m)
+		} else if m != nil {
+			t.Fatalf("error %v with a message", err)
+		}
+		var seed [2]uint64
+		for i, c := range data {
+			seed[i%2] = seed[i%2]*131 + uint64(c)
+		}
+		roundTrip(t, randomMessage(rand.New(rand.NewPCG(seed[0], seed[1]))))
+	})
+}
