@@ -468,7 +468,10 @@ func TestRefusedMessages(t *testing.T) {
 		reply  func(h *rig) bool
 	}{
 		{"page from a stranger", func(h *rig) error { return h.arriveFrom(pf2, h.page(0), true) }, ReasonWrongPeer,
-			func(h *rig) bool { a := sends[*Abort](h.effects, pf2); return len(a) == 1 && a[0].Reason == ReasonWrongPeer }},
+			func(h *rig) bool {
+				a := sends[*Abort](h.effects, pf2)
+				return len(a) == 1 && a[0].Reason == ReasonWrongPeer
+			}},
 		{"manifest from a stranger", func(h *rig) error { return h.r.Step(pf2, h.manifest()) }, ReasonWrongPeer, nil},
 		{"commit from the gateway", func(h *rig) error { return h.r.Step(gw, &Commit{h.ref()}) }, ReasonWrongPeer, nil},
 		{"abort from a stranger", func(h *rig) error { return h.r.Step(pf2, &Abort{Ref: h.ref(), Reason: ReasonAborted}) }, ReasonUnknownReservation,
