@@ -31,6 +31,12 @@ type NodeConfig struct {
 	// gateway admits under the new ones: no request admitted under a new
 	// policy then meets an old one here. nil: policies never change.
 	PolicyGeneration func() uint64
+	// Observe, if set, is called on the loop goroutine at every turn of
+	// the loop (after events and steps, before the next batch runs) with
+	// the core's stats and the pool's Counts (no per-tenant pages), so
+	// that metrics can read them without waiting for a step to end. It
+	// must not block.
+	Observe func(NodeStats)
 }
 
 // Node runs a Core in one goroutine (Run) and offers the Go API the gateway
@@ -49,6 +55,7 @@ type Node struct {
 
 	policyGen func() uint64
 	gen       uint64 // the generation the core's policies are from; loop-owned
+	observe   func(NodeStats)
 
 	// streams is owned by the loop goroutine.
 	streams map[request.Owner]*Stream
@@ -111,6 +118,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		streams: make(map[request.Owner]*Stream),
 
 		policyGen: cfg.PolicyGeneration,
+		observe:   cfg.Observe,
 	}
 	if n.policyGen != nil {
 		n.gen = n.policyGen()
@@ -272,6 +280,7 @@ func (n *Node) Run(ctx context.Context) error {
 		n.core.Tick(n.clock())
 		rd := n.core.Ready()
 		n.deliver(&rd)
+		n.report()
 		if rd.Batch != nil {
 			outs, err := n.execute(ctx, rd.Batch)
 			if ctx.Err() != nil {
@@ -315,11 +324,19 @@ func (n *Node) stop() error {
 		case ev := <-n.events:
 			n.apply(ev)
 		default:
+			n.report()
 			if len(n.streams) != 0 {
 				return invariants.Failf("sched: %d streams left open at shutdown", len(n.streams))
 			}
 			return nil
 		}
+	}
+}
+
+// report hands the current counts to NodeConfig.Observe.
+func (n *Node) report() {
+	if n.observe != nil {
+		n.observe(NodeStats{Core: n.core.Stats(), Pool: n.core.pool.Counts()})
 	}
 }
 
