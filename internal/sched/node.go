@@ -279,8 +279,9 @@ func (n *Node) Run(ctx context.Context) error {
 		n.syncPolicies()
 		n.core.Tick(n.clock())
 		rd := n.core.Ready()
-		n.deliver(&rd)
+		// Counts first: a client that saw its result sees it counted.
 		n.report()
+		n.deliver(&rd)
 		if rd.Batch != nil {
 			outs, err := n.execute(ctx, rd.Batch)
 			if ctx.Err() != nil {
@@ -318,6 +319,7 @@ func (n *Node) Run(ctx context.Context) error {
 func (n *Node) stop() error {
 	n.core.Shutdown()
 	rd := n.core.Ready()
+	n.report()
 	n.deliver(&rd)
 	for {
 		select {
