@@ -50,6 +50,12 @@ type Options struct {
 	// violation once they have been quarantined this long (scrubbed
 	// first); 0 leaves them to the operator's ScrubQuarantined.
 	QuarantineReapAfter time.Duration
+
+	// wrapExecutor, set only by tests (export_test.go), wraps the
+	// engine's executor, e.g. to hold the scheduler loop inside a step.
+	wrapExecutor func(sched.Executor) sched.Executor
+	// statsTimeout, set only by tests, replaces statsTimeout.
+	statsTimeout time.Duration
 }
 
 // Node is a running all-in-one node. It implements gateway.Backend and
@@ -59,13 +65,19 @@ type Node struct {
 	engine *engine.Engine
 	sched  *sched.Node
 	limits sched.Limits
+	ctx    context.Context // ends with Close
 	done   chan error
 	cancel context.CancelFunc
 
-	snapMu sync.Mutex // guards the metrics snapshot below
-	snap   sched.NodeStats
-	snapAt time.Time
-	snapOK bool
+	// pub is what metrics read (metrics.go): the loop publishes its
+	// counts into it at every turn, so a scrape never waits for a step.
+	pubMu sync.Mutex // held only to copy pub
+	pub   published
+
+	statsTimeout time.Duration
+	refreshMu    sync.Mutex // serialises refresh; guards the two below
+	refreshAt    time.Time  // when the loop last answered a refresh
+	pending      chan fullSnapshot
 }
 
 var (
@@ -108,6 +120,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.PageSize <= 0 {
 		o.PageSize = kvcache.DefaultPageSize
+	}
+	if o.statsTimeout <= 0 {
+		o.statsTimeout = statsTimeout
 	}
 	if o.SafetyMargin == 0 {
 		o.SafetyMargin = sched.DefaultSafetyMargin
@@ -167,6 +182,14 @@ func Start(m *model.Model, o Options) (*Node, error) {
 			end = append(end, id)
 		}
 	}
+	var exec sched.Executor = eng.Executor()
+	if o.wrapExecutor != nil {
+		exec = o.wrapExecutor(exec)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	n := &Node{model: m, engine: eng, limits: capa.Limits, ctx: ctx, done: make(chan error, 1), cancel: cancel, statsTimeout: o.statsTimeout}
+	// What metrics show until the loop's first turn: an empty pool.
+	n.pub = published{st: sched.NodeStats{Pool: kvcache.Stats{TotalPages: capa.Pages, FreePages: capa.Pages}}, at: time.Now()}
 	sn, err := sched.NewNode(sched.NodeConfig{
 		Core: sched.Config{
 			Limits: capa.Limits, Pool: eng.KV,
@@ -175,14 +198,15 @@ func Start(m *model.Model, o Options) (*Node, error) {
 			EndTokens: end, PrefixCache: o.PrefixCache, Policy: o.Policy,
 			QuarantineReapAfter: o.QuarantineReapAfter,
 		},
-		Executor: eng.Executor(),
+		Executor: exec,
+		Observe:  n.observe,
 	})
 	if err != nil {
+		cancel()
 		eng.Close()
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	n := &Node{model: m, engine: eng, sched: sn, limits: capa.Limits, done: make(chan error, 1), cancel: cancel}
+	n.sched = sn
 	go func() { n.done <- sn.Run(ctx) }()
 	return n, nil
 }
@@ -273,53 +297,3 @@ func (n *Node) Submit(ctx context.Context, p request.Params) (gateway.Stream, er
 
 // Abort implements gateway.Backend.
 func (n *Node) Abort(tenant request.Tenant, id request.ID) error { return n.sched.Abort(tenant, id) }
-
-// statsTimeout bounds how long a metrics scrape waits for the scheduler
-// loop, which answers between steps.
-const statsTimeout = 2 * time.Second
-
-// snapshotTTL lets the many gauge and counter callbacks of one Prometheus
-// scrape share one snapshot: each would otherwise wait for the scheduler
-// loop to finish its step, and a scrape would cost a dozen steps.
-const snapshotTTL = 100 * time.Millisecond
-
-func (n *Node) snapshot() (sched.NodeStats, bool) {
-	n.snapMu.Lock()
-	defer n.snapMu.Unlock()
-	if n.snapOK && time.Since(n.snapAt) < snapshotTTL {
-		return n.snap, true
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), statsTimeout)
-	defer cancel()
-	st, err := n.sched.Stats(ctx)
-	n.snap, n.snapAt, n.snapOK = st, time.Now(), err == nil
-	return st, err == nil
-}
-
-// PoolStats implements gateway.StatsSource.
-func (n *Node) PoolStats() gateway.PoolStats {
-	st, ok := n.snapshot()
-	if !ok {
-		return gateway.PoolStats{}
-	}
-	return gateway.PoolStats{
-		PagesTotal: st.Pool.TotalPages, PagesFree: st.Pool.FreePages + st.Pool.CachedPages,
-		PagesUsed:        st.Pool.OwnedPages + st.Pool.SharedPages - st.Pool.CachedPages,
-		PagesQuarantined: st.Pool.QuarantinedPages,
-		QueueDepth:       st.Core.Queued, Running: st.Core.Running,
-	}
-}
-
-// IsolationViolations implements gateway.StatsSource.
-func (n *Node) IsolationViolations() uint64 {
-	st, _ := n.snapshot()
-	// Both detectors of I2: the pool's ownership check and the core's
-	// check of the owner the engine echoed with each outcome.
-	return st.Pool.Violations + st.Core.OwnerMismatches
-}
-
-// AbortedButCompleted implements gateway.StatsSource.
-func (n *Node) AbortedButCompleted() uint64 {
-	st, _ := n.snapshot()
-	return st.Core.AbortedButCompleted
-}
