@@ -32,6 +32,9 @@ type Sequence struct {
 	cached  int
 	closed  bool
 	viewGen uint64 // bumped whenever the current View stops being valid
+	// imported is, per page, the positions ImportPage wrote from another
+	// node, until CommitImport makes them the sequence's content.
+	imported []int32
 }
 
 // NewSequence starts an empty sequence for owner.
@@ -152,6 +155,7 @@ func (p *Pool) matches(s *Sequence, i int) bool {
 func (p *Pool) close(s *Sequence) {
 	s.closed = true
 	s.table = nil
+	s.imported = nil
 	s.length = 0
 	s.viewGen++
 	delete(p.live, s)
