@@ -79,7 +79,7 @@ func TestNoRenewalAfterCommit(t *testing.T) {
 	h.tick(ttl / 2)
 	_ = h.step(&Heartbeat{h.ref()})
 	h.tick(ttl / 2)
-	if e := h.ended(); e.Outcome != OutcomeReaped || e.Detail != "committed, 2 of 3 pages arrived" {
+	if e := h.ended(); e.Outcome != OutcomeReaped || e.Detail != "committed, 2 of 3 pages arrived, 0 writes in flight" {
 		t.Fatalf("ended %+v", e)
 	}
 }

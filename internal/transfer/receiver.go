@@ -633,7 +633,7 @@ func (r *Receiver) parties(rv *resv, except Peer) []Peer {
 // end decides rv's outcome: the one place it is set.
 func (r *Receiver) end(rv *resv, o Outcome, reason Reason) {
 	if rv.outcome != OutcomeNone {
-		invariants.Failf("transfer: reservation %v ended twice (%v, then %v)", rv.ID, rv.outcome, o)
+		_ = invariants.Failf("transfer: reservation %v ended twice (%v, then %v)", rv.ID, rv.outcome, o)
 		return
 	}
 	rv.outcome, rv.reason = o, reason
@@ -837,7 +837,7 @@ func (r *Receiver) expiry(rv *resv) string {
 	case rv.committing && rv.manifest == nil:
 		return "committed, the manifest never arrived"
 	case rv.committing:
-		return fmt.Sprintf("committed, %d of %d pages arrived", rv.received, min(rv.manifest.PageCount, len(rv.Pages)))
+		return fmt.Sprintf("committed, %d of %d pages arrived, %d writes in flight", rv.received, min(rv.manifest.PageCount, len(rv.Pages)), rv.writing)
 	case rv.LeaseExpiry >= rv.created.Add(r.cfg.MaxLease):
 		return "reached the longest lease"
 	}
