@@ -113,9 +113,18 @@
 //
 // # Not here yet
 //
-// The decode and prefill drivers (kvcache page import/export, handing a
-// delivered reservation to sched, per-page quarantine), the transports,
-// the gateway's side of the handshake, and retransmission of lost pages
-// (a handoff that loses a page fails by lease, and the gateway retries
-// with a new epoch).
+// The drivers and transports. A decode driver allocates a Reserve's pages
+// with kvcache.Pool.Reserve on a fresh Sequence; writes an accepted page
+// with kvcache.Pool.ImportPage (Page.Data is kvcache's ExportPage wire
+// form, checked to be HandoffPageBytes(filled) long) and reports
+// WriteDone; on Deliver calls kvcache.Pool.CommitImport (a second,
+// independent check of the fill counts) and hands the sequence to the
+// scheduler; on Release releases it (scrubbed, I8); on Quarantine needs a
+// pool call that quarantines without a violation, which kvcache does not
+// offer yet. A prefill driver exports each page (ExportPage), digests it
+// for PageReady and sends the same bytes on SendPage. Still to come as
+// well: the in-process and TCP/mTLS transports, the gateway's side of the
+// handshake and of the abort handshake, and retransmission of lost pages
+// (today a handoff that loses a page fails by its lease, and the gateway
+// retries with a new epoch).
 package transfer
