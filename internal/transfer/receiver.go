@@ -352,10 +352,11 @@ func (r *Receiver) Reserve(from Peer, req Reserve, pages []kvcache.PageID) (Rese
 }
 
 // lookup finds the live reservation a sender's message (page, manifest,
-// commit, heartbeat) names and checks who sent it and for whom. A message that cannot concern the reservation (unknown,
-// ended, from a stranger) is refused without touching it; one from the
-// reservation's own sender that names another owner or epoch aborts it: a
-// sender that crossed two handoffs cannot be trusted with either.
+// commit, heartbeat) names and checks who sent it and for whom. A message
+// that cannot concern the reservation (unknown, ended, from a stranger) is
+// refused without touching it; one from the reservation's own sender that
+// names another owner or epoch aborts it: a sender that crossed two
+// handoffs cannot be trusted with either.
 func (r *Receiver) lookup(from Peer, ref Ref) (*resv, error) {
 	rv := r.resvs[ref.ID]
 	if rv == nil {
