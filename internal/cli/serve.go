@@ -132,7 +132,7 @@ func serveCmd() *cobra.Command {
 		Short: "Serve the OpenAI-compatible API (gateway, scheduler and engine in one process)",
 		Long: `Serve the OpenAI-compatible API on --listen. Tenants come from --config (YAML,
 reloaded on SIGHUP); without it one tenant is created and its API key printed
-once on stderr.
+once on stderr, when the server is ready to listen.
 
 KV pages quarantined after an isolation violation are never reused until they
 are scrubbed: SIGUSR1 scrubs and frees all of them (the count is logged), and
@@ -153,16 +153,16 @@ that long.`,
 			// touched and is counted; it must not crash every tenant.
 			invariants.SetStrict(false)
 			var tcfg *tenants.Config
+			// The generated key is printed only once the server is about
+			// to listen: a key announced before a failed start is a
+			// credential for nothing, printed for no reason.
+			var key string
 			if configPath != "" {
 				if tcfg, err = loadTenants(configPath); err != nil {
 					return err
 				}
-			} else {
-				var key string
-				if tcfg, key, err = tenants.Default(); err != nil {
-					return err
-				}
-				fmt.Fprintf(cmd.ErrOrStderr(), "no --config: one tenant %q; its API key (shown once): %s\n", tenants.DefaultTenantID, key)
+			} else if tcfg, key, err = tenants.Default(); err != nil {
+				return err
 			}
 			var current atomic.Pointer[tenants.Config]
 			current.Store(tcfg)
@@ -216,6 +216,9 @@ that long.`,
 			usr1 := make(chan os.Signal, 1)
 			signal.Notify(usr1, syscall.SIGUSR1)
 			defer signal.Stop(usr1)
+			if key != "" {
+				fmt.Fprintf(cmd.ErrOrStderr(), "no --config: one tenant %q; its API key (shown once): %s\n", tenants.DefaultTenantID, key)
+			}
 			lim := n.SchedLimits()
 			logger.Info("serving", "addr", ln.Addr().String(), "model", m.Name, "max_context", lim.MaxContext,
 				"kv_pages", lim.UsablePages, "page_size", lim.PageSize, "usable_kv_tokens", lim.UsableTokens, "safety_margin", lim.SafetyMargin)

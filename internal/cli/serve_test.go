@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"os"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -36,6 +37,9 @@ func TestServeScrubsQuarantineOnSIGUSR1(t *testing.T) {
 	// serve catches SIGUSR1 before it announces its address: signalling
 	// any earlier would kill the test binary.
 	waitFor(t, stderr, "listening on http://")
+	if !regexp.MustCompile(`API key \(shown once\): pw-\S+\n(.*\n)*listening on`).MatchString(stderr.String()) {
+		t.Errorf("no generated key announced before the address:\n%s", stderr.String())
+	}
 	if err := syscall.Kill(os.Getpid(), syscall.SIGUSR1); err != nil {
 		t.Fatal(err)
 	}
@@ -48,5 +52,19 @@ func TestServeScrubsQuarantineOnSIGUSR1(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("serve did not stop")
+	}
+}
+
+// TestServeKeyNotPrintedBeforeFailedStart: without --config, serve makes a
+// tenant and a key, but announces the key only when it is about to
+// listen; a model that fails to load must not leave a key on the console.
+func TestServeKeyNotPrintedBeforeFailedStart(t *testing.T) {
+	var stderr syncBuffer
+	code := Main(context.Background(), []string{"serve", "--model", "builtin:no-such-model", "--listen", "127.0.0.1:0"}, io.Discard, &stderr)
+	if code == 0 {
+		t.Fatal("serve of a missing model exited 0")
+	}
+	if strings.Contains(stderr.String(), "API key") || strings.Contains(stderr.String(), "pw-") {
+		t.Errorf("a key was printed before the start failed:\n%s", stderr.String())
 	}
 }
