@@ -38,7 +38,7 @@ func TestLoadtestAgainstServe(t *testing.T) {
 	var serveOut, serveErr syncBuffer
 	served := make(chan int, 1)
 	go func() {
-		served <- Main(ctx, []string{"serve", "--model", "builtin:tiny", "--threads", "1", "--listen", "127.0.0.1:0", "--kv-memory", "64MiB"}, &serveOut, &serveErr)
+		served <- Main(ctx, []string{"serve", "--model", "builtin:tiny", "--threads", "1", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--kv-memory", "64MiB"}, &serveOut, &serveErr)
 	}()
 	defer func() {
 		cancel()

@@ -124,7 +124,7 @@ func serveCmd() *cobra.Command {
 	var nf nodeFlags
 	var listen, configPath, metricsListen string
 	var drain time.Duration
-	var logPrompts bool
+	var logPrompts, metricsOnAPI bool
 	var maxBody int64
 	var reapAfter time.Duration
 	c := &cobra.Command{
@@ -133,6 +133,10 @@ func serveCmd() *cobra.Command {
 		Long: `Serve the OpenAI-compatible API on --listen. Tenants come from --config (YAML,
 reloaded on SIGHUP); without it one tenant is created and its API key printed
 once on stderr, when the server is ready to listen.
+
+/metrics carries every tenant's id and traffic and is not authenticated, so it
+is served on its own private address (--metrics-listen, loopback by default),
+never on the API listener unless --metrics-on-api asks for it.
 
 KV pages quarantined after an isolation violation are never reused until they
 are scrubbed: SIGUSR1 scrubs and frees all of them (the count is logged), and
@@ -148,6 +152,9 @@ that long.`,
 				return usagef("--quarantine-reap-after %v: want 0 (operator only) or a positive duration", reapAfter)
 			}
 			o.QuarantineReapAfter = reapAfter
+			if _, port, _ := net.SplitHostPort(listen); port != "0" && metricsListen == listen {
+				return usagef("--metrics-listen %s is the API address; metrics need their own (or --metrics-on-api)", metricsListen)
+			}
 			logger := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), nil))
 			// In production a broken invariant aborts the request it
 			// touched and is counted; it must not crash every tenant.
@@ -185,7 +192,7 @@ that long.`,
 			}
 			defer n.Close()
 			srv, err := gateway.New(gateway.Config{Backend: n, Tenants: tcfg, Logger: logger, LogPrompts: logPrompts, MaxBodyBytes: maxBody,
-				SeparateMetrics: metricsListen != ""})
+				SeparateMetrics: !metricsOnAPI})
 			if err != nil {
 				return err
 			}
@@ -195,7 +202,7 @@ that long.`,
 			if metricsListen != "" {
 				mln, err := net.Listen("tcp", metricsListen)
 				if err != nil {
-					return err
+					return fmt.Errorf("--metrics-listen %s: %w (choose another address, or \"\" for no metrics listener)", metricsListen, err)
 				}
 				mux := http.NewServeMux()
 				mux.Handle("GET /metrics", srv.MetricsHandler())
@@ -203,6 +210,11 @@ that long.`,
 				go msrv.Serve(mln)
 				defer msrv.Close()
 				fmt.Fprintf(cmd.ErrOrStderr(), "metrics on http://%s/metrics\n", mln.Addr())
+			}
+			if metricsOnAPI {
+				logger.Warn("--metrics-on-api: /metrics on the API listener shows every tenant's id and traffic to anyone who can reach it")
+			} else if metricsListen == "" {
+				logger.Info("metrics are off: no --metrics-listen")
 			}
 			ln, err := net.Listen("tcp", listen)
 			if err != nil {
@@ -260,13 +272,21 @@ that long.`,
 	nf.register(c)
 	c.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address to serve on")
 	c.Flags().StringVar(&configPath, "config", "", "tenant configuration (YAML); reloaded on SIGHUP")
-	c.Flags().StringVar(&metricsListen, "metrics-listen", "", "serve /metrics on this (private) address instead of the API listener")
+	c.Flags().StringVar(&metricsListen, "metrics-listen", defaultMetricsListen,
+		"private address that serves /metrics (every tenant's id and traffic, unauthenticated); empty turns it off")
+	c.Flags().BoolVar(&metricsOnAPI, "metrics-on-api", false,
+		"also serve /metrics on the API listener, unauthenticated: anyone who can reach the API sees every tenant's id and traffic")
 	c.Flags().DurationVar(&drain, "drain-timeout", 30*time.Second, "how long shutdown waits for in-flight requests")
 	c.Flags().BoolVar(&logPrompts, "log-prompts", false, "log prompt and output text (debug only: prompts are customer data)")
 	c.Flags().Int64Var(&maxBody, "max-body-bytes", gateway.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")
 	c.Flags().DurationVar(&reapAfter, "quarantine-reap-after", 0, "scrub and free KV pages quarantined after a violation once they have been quarantined this long (0: only on SIGUSR1)")
 	return c
 }
+
+// defaultMetricsListen is loopback only: a local Prometheus or agent can
+// scrape it, nothing else can reach it. 9464 is the port OpenTelemetry's
+// Prometheus exporter uses.
+const defaultMetricsListen = "127.0.0.1:9464"
 
 // scrubTimeout bounds how long SIGUSR1 waits for the scheduler loop, which
 // applies the scrub between two steps.
