@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -171,16 +170,23 @@ that long.`,
 			} else if tcfg, key, err = tenants.Default(); err != nil {
 				return err
 			}
-			var current atomic.Pointer[tenants.Config]
-			current.Store(tcfg)
-			o.Policy = func(t request.Tenant) sched.TenantPolicy {
-				for _, tn := range current.Load().Tenants {
-					if tn.ID == string(t) {
-						return sched.TenantPolicy{MaxPages: tn.Limits.MaxKVPages, MaxRunning: tn.Limits.MaxConcurrent, Priority: tn.Limits.Priority}
-					}
-				}
-				return sched.TenantPolicy{}
+			// The scheduler's view of the tenants. It is reloaded just
+			// before the gateway's, so a request the gateway admits under
+			// new limits always finds them in the scheduler; its
+			// namespaces tell the scheduler when an id changed hands.
+			policies, err := tenants.NewRegistry(tcfg)
+			if err != nil {
+				return err
 			}
+			o.Policy = func(t request.Tenant) sched.TenantPolicy {
+				tn, ok := policies.Tenant(string(t))
+				if !ok {
+					return sched.TenantPolicy{}
+				}
+				return sched.TenantPolicy{MaxPages: tn.Limits.MaxKVPages, MaxRunning: tn.Limits.MaxConcurrent, Priority: tn.Limits.Priority,
+					Customer: tn.CacheNamespace}
+			}
+			o.PolicyGeneration = policies.Generation
 			m, err := nf.load()
 			if err != nil {
 				return err
@@ -246,13 +252,18 @@ that long.`,
 					}
 					nc, err := loadTenants(configPath)
 					if err == nil {
-						err = srv.Reload(nc)
+						err = policies.Reload(nc)
+					}
+					if err == nil {
+						if err = srv.Reload(nc); err != nil {
+							_ = policies.Reload(tcfg) // back to the one in force
+						}
 					}
 					if err != nil {
 						logger.Error("tenant config reload failed; keeping the old one", "err", err)
 						continue
 					}
-					current.Store(nc)
+					tcfg = nc
 					logger.Info("tenant config reloaded", "tenants", len(nc.Tenants))
 				case <-usr1:
 					scrubQuarantine(cmd.Context(), n, logger)

@@ -46,6 +46,10 @@ type Options struct {
 	MaxQueueWait       time.Duration
 	// Policy gives each tenant's share of the node (nil: none).
 	Policy func(request.Tenant) sched.TenantPolicy
+	// PolicyGeneration is the version of what Policy returns: when it
+	// changes, the scheduler re-reads the policy of every active tenant
+	// (nil: it never does). See sched.NodeConfig.PolicyGeneration.
+	PolicyGeneration func() uint64
 	// QuarantineReapAfter frees KV pages quarantined after an isolation
 	// violation once they have been quarantined this long (scrubbed
 	// first); 0 leaves them to the operator's ScrubQuarantined.
@@ -191,6 +195,7 @@ func Start(m *model.Model, o Options) (*Node, error) {
 	// What metrics show until the loop's first turn: an empty pool.
 	n.pub = published{st: sched.NodeStats{Pool: kvcache.Stats{TotalPages: capa.Pages, FreePages: capa.Pages}}, at: time.Now()}
 	sn, err := sched.NewNode(sched.NodeConfig{
+		PolicyGeneration: o.PolicyGeneration,
 		Core: sched.Config{
 			Limits: capa.Limits, Pool: eng.KV,
 			MaxBatchTokens: o.MaxBatchTokens, MaxRunning: o.MaxRunning,
