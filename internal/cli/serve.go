@@ -198,7 +198,7 @@ that long.`,
 			}
 			defer n.Close()
 			srv, err := gateway.New(gateway.Config{Backend: n, Tenants: tcfg, Logger: logger, LogPrompts: logPrompts, MaxBodyBytes: maxBody,
-				SeparateMetrics: !metricsOnAPI})
+				MetricsOnAPI: metricsOnAPI})
 			if err != nil {
 				return err
 			}

@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -9,10 +10,15 @@ import (
 	"github.com/pagewarden/pagewarden/internal/gateway"
 )
 
-// TestSeparateMetrics: with SeparateMetrics the API listener no longer
-// exposes the tenant-labelled series; MetricsHandler still does.
+// TestSeparateMetrics: by default the API listener does not expose the
+// tenant-labelled series; MetricsHandler does, and MetricsOnAPI puts them
+// back on the API handler.
 func TestSeparateMetrics(t *testing.T) {
-	h := newHarness(t, nil, func(c *gateway.Config) { c.SeparateMetrics = true })
+	on := newHarness(t, nil, func(c *gateway.Config) { c.MetricsOnAPI = true })
+	if r := on.do(context.Background(), "GET", "/metrics", "", nil); r.status != http.StatusOK {
+		t.Errorf("MetricsOnAPI: GET /metrics %d", r.status)
+	}
+	h := newHarness(t, nil)
 	resp, err := http.Get(h.ts.URL + "/metrics")
 	if err != nil {
 		t.Fatal(err)

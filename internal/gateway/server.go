@@ -46,10 +46,10 @@ type Config struct {
 	// LogPrompts adds prompt and output text to request logs. Debug only:
 	// prompts are customer data.
 	LogPrompts bool
-	// SeparateMetrics leaves /metrics off the API handler, for operators
-	// who serve MetricsHandler on a private listener: the series are
-	// labelled by tenant id, which API callers should not see.
-	SeparateMetrics bool
+	// MetricsOnAPI also serves /metrics on the API handler. Off by
+	// default: the series are labelled by tenant id, which API callers
+	// must not see; operators serve MetricsHandler on a private listener.
+	MetricsOnAPI bool
 	// Now is the clock for quotas and timings. Default time.Now.
 	Now func() time.Time
 }
@@ -164,7 +164,7 @@ func (s *Server) routes() {
 		}
 		io.WriteString(w, "ready\n")
 	})
-	if !s.cfg.SeparateMetrics {
+	if s.cfg.MetricsOnAPI {
 		mux.Handle("GET /metrics", s.MetricsHandler())
 	}
 	mux.HandleFunc("/", s.handle("unknown", false, func(c *call) *apiError {

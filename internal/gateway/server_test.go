@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"strings"
 	"testing"
@@ -689,7 +690,7 @@ func TestMetrics(t *testing.T) {
 	h.fake.SetIsolationViolations(0)
 	h.post("/v1/chat/completions", keyAlpha, chatBody(nil))
 	h.post("/v1/chat/completions", "bad", chatBody(nil))
-	text := string(h.do(context.Background(), "GET", "/metrics", "", nil).body)
+	text := scrape(t, h)
 	for _, want := range []string{
 		`pagewarden_requests_total{endpoint="chat",status="200",tenant="alpha"} 1`,
 		`pagewarden_requests_total{endpoint="chat",status="401",tenant="-"} 1`,
@@ -709,7 +710,7 @@ func TestMetrics(t *testing.T) {
 
 func metricValue(t *testing.T, h *harness, name string) string {
 	t.Helper()
-	text := string(h.do(context.Background(), "GET", "/metrics", "", nil).body)
+	text := scrape(t, h)
 	for _, line := range strings.Split(text, "\n") {
 		if v, ok := strings.CutPrefix(line, name+" "); ok {
 			return v
@@ -739,4 +740,16 @@ func TestTenantScopedAbort(t *testing.T) {
 	if res := st.Result(); res.Reason != request.FinishAbort {
 		t.Errorf("result %+v", res)
 	}
+}
+
+// scrape reads the server's metrics the way the private listener serves
+// them (they are not on the API handler).
+func scrape(t *testing.T, h *harness) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.srv.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("metrics: %d", rec.Code)
+	}
+	return rec.Body.String()
 }
