@@ -170,9 +170,8 @@ that long.`,
 			} else if tcfg, key, err = tenants.Default(); err != nil {
 				return err
 			}
-			// The scheduler's view of the tenants. It is reloaded just
-			// before the gateway's, so a request the gateway admits under
-			// new limits always finds them in the scheduler; its
+			// One registry for the gateway's quotas and the scheduler's
+			// policies: a reload changes both at once, and its
 			// namespaces tell the scheduler when an id changed hands.
 			policies, err := tenants.NewRegistry(tcfg)
 			if err != nil {
@@ -197,7 +196,7 @@ that long.`,
 				return err
 			}
 			defer n.Close()
-			srv, err := gateway.New(gateway.Config{Backend: n, Tenants: tcfg, Logger: logger, LogPrompts: logPrompts, MaxBodyBytes: maxBody,
+			srv, err := gateway.New(gateway.Config{Backend: n, Registry: policies, Logger: logger, LogPrompts: logPrompts, MaxBodyBytes: maxBody,
 				MetricsOnAPI: metricsOnAPI})
 			if err != nil {
 				return err
@@ -252,18 +251,12 @@ that long.`,
 					}
 					nc, err := loadTenants(configPath)
 					if err == nil {
-						err = policies.Reload(nc)
-					}
-					if err == nil {
-						if err = srv.Reload(nc); err != nil {
-							_ = policies.Reload(tcfg) // back to the one in force
-						}
+						err = srv.Reload(nc) // the shared registry: gateway and scheduler at once
 					}
 					if err != nil {
 						logger.Error("tenant config reload failed; keeping the old one", "err", err)
 						continue
 					}
-					tcfg = nc
 					logger.Info("tenant config reloaded", "tenants", len(nc.Tenants))
 				case <-usr1:
 					scrubQuarantine(cmd.Context(), n, logger)

@@ -252,3 +252,30 @@ func TestTokenizeUnderQuota(t *testing.T) {
 		t.Fatalf("after the bucket refilled: %d", r.status)
 	}
 }
+
+// A registry shared with the scheduler is the one the gateway admits
+// under and reloads: one Reload, one generation, both sides.
+func TestSharedRegistry(t *testing.T) {
+	cfg := testTenants(tenants.Limits{}, tenants.Limits{})
+	reg, err := tenants.NewRegistry(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gateway.New(gateway.Config{Backend: gatewaytest.NewFake(), Tenants: cfg, Registry: reg}); err == nil {
+		t.Fatal("New took both Tenants and Registry")
+	}
+	h := newHarness(t, nil, func(c *gateway.Config) { c.Tenants, c.Registry = nil, reg })
+	gen := reg.Generation()
+	if r := h.post("/v1/completions", keyBeta, map[string]any{"prompt": "x", "max_tokens": 3}); r.status != 200 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	if err := h.srv.Reload(testTenants(tenants.Limits{}, tenants.Limits{MaxKVPages: 1})); err != nil {
+		t.Fatal(err)
+	}
+	if reg.Generation() == gen {
+		t.Fatal("the gateway's reload did not reach the shared registry")
+	}
+	if tn, _ := reg.Tenant("beta"); tn.Limits.MaxKVPages != 1 {
+		t.Fatalf("shared registry has %+v", tn.Limits)
+	}
+}

@@ -49,6 +49,11 @@ type Config struct {
 	// MetricsOnAPI also serves /metrics on the API handler. Off by
 	// default: the series are labelled by tenant id, which API callers
 	// must not see; operators serve MetricsHandler on a private listener.
+	// Registry, instead of Tenants, is a registry shared with the
+	// scheduler's tenant policies (node.Options.Policy): one Reload then
+	// changes what the gateway admits and what the scheduler enforces at
+	// the same moment, so the two can never disagree about a tenant.
+	Registry *tenants.Registry
 	MetricsOnAPI bool
 	// Now is the clock for quotas and timings. Default time.Now.
 	Now func() time.Time
@@ -89,12 +94,17 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Backend == nil {
 		return nil, errors.New("gateway: Config.Backend is required")
 	}
-	if cfg.Tenants == nil {
+	reg := cfg.Registry
+	switch {
+	case reg != nil && cfg.Tenants != nil:
+		return nil, errors.New("gateway: set Config.Tenants or Config.Registry, not both")
+	case reg == nil && cfg.Tenants == nil:
 		return nil, errors.New("gateway: Config.Tenants is required (see tenants.Default)")
-	}
-	reg, err := tenants.NewRegistry(cfg.Tenants)
-	if err != nil {
-		return nil, fmt.Errorf("gateway: %w", err)
+	case reg == nil:
+		var err error
+		if reg, err = tenants.NewRegistry(cfg.Tenants); err != nil {
+			return nil, fmt.Errorf("gateway: %w", err)
+		}
 	}
 	lim := cfg.Backend.Limits()
 	if lim.MaxContext < 2 {
