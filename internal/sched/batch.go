@@ -75,9 +75,12 @@ type Ready struct {
 	// Preempted lists requests whose pages were released this step to
 	// be recomputed later (for metrics and logs; no action needed).
 	Preempted []request.Owner
+	// Exports are the prompt KV of prefill-only requests (SubmitPrefill)
+	// that finished this step; each comes before its request's Result.
+	Exports []Export
 }
 
 // Empty reports whether there is nothing to do.
 func (r *Ready) Empty() bool {
-	return r.Batch == nil && len(r.Tokens) == 0 && len(r.Results) == 0 && len(r.Preempted) == 0
+	return r.Batch == nil && len(r.Tokens) == 0 && len(r.Results) == 0 && len(r.Preempted) == 0 && len(r.Exports) == 0
 }

@@ -137,6 +137,12 @@ type req struct {
 	preemptions int
 	cached      int  // prompt positions served by the prefix cache
 	delivered   bool // its Result was handed out by Ready
+
+	// prefillOnly: SubmitPrefill; the request ends with an Export after
+	// its first token. awaitingImport: Reserve; its prompt's pages come
+	// from another node and it must not be scheduled or preempted until
+	// CommitImport. imported: its prompt came from another node.
+	prefillOnly, awaitingImport, imported bool
 }
 
 // Stats are the core's counters and gauges.
@@ -272,19 +278,28 @@ func (c *Core) Tick(now time.Time) {
 // pool less its quarantined pages (ErrPoolDegraded), or the queues are full
 // (request.ErrOverloaded).
 func (c *Core) Submit(a Admitted) error {
+	if _, err := c.accept(a); err != nil {
+		return err
+	}
+	return c.enqueue(a, false)
+}
+
+// accept is Submit's checks and bookkeeping up to the queue: on success r
+// is Admitted and known to the core, holding nothing.
+func (c *Core) accept(a Admitted) (*req, error) {
 	if !a.Valid() {
-		return ErrNotAdmitted
+		return nil, ErrNotAdmitted
 	}
 	if a.a.limits != c.lim {
-		return ErrLimitsMismatch
+		return nil, ErrLimitsMismatch
 	}
 	if c.shutdown {
-		return request.ErrShuttingDown
+		return nil, request.ErrShuttingDown
 	}
 	p := &a.a.params
 	c.watchQuarantine() // capacity is counted against the pool as it is now
 	if _, dup := c.reqs[p.Owner]; dup {
-		return fmt.Errorf("%w: %v", ErrDuplicate, p.Owner)
+		return nil, fmt.Errorf("%w: %v", ErrDuplicate, p.Owner)
 	}
 	r := &req{owner: p.Owner, adm: a, params: p}
 	t := c.tenantFor(p.Owner.Tenant)
@@ -301,14 +316,14 @@ func (c *Core) Submit(a Admitted) error {
 	}
 	if cause != nil {
 		if err := r.life.Reject(cause); err != nil {
-			return invariants.Failf("sched: reject at submission: %v", err)
+			return nil, invariants.Failf("sched: reject at submission: %v", err)
 		}
 		c.stats.Rejected++
 		c.retire(t)
-		return cause
+		return nil, cause
 	}
 	if err := r.life.Admit(); err != nil {
-		return invariants.Failf("sched: admit: %v", err)
+		return nil, invariants.Failf("sched: admit: %v", err)
 	}
 	c.arrivals++
 	r.order, r.tenant, r.enqueued = c.arrivals, t, c.now
@@ -316,7 +331,7 @@ func (c *Core) Submit(a Admitted) error {
 	r.tokens = append(make([]int, 0, len(p.Prompt)+min(p.MaxTokens, 64)), p.Prompt...)
 	c.reqs[r.owner] = r
 	c.stats.Submitted++
-	return c.enqueue(a, false)
+	return r, nil
 }
 
 // enqueue puts an admitted request in its tenant's queue. The queue's only
@@ -532,8 +547,8 @@ func (c *Core) schedule() *Batch {
 		if budget == 0 {
 			break
 		}
-		if r.seq == nil || r.life.State().Terminal() {
-			continue // preempted (or ended) earlier in this pass
+		if r.seq == nil || r.life.State().Terminal() || r.awaitingImport {
+			continue // preempted (or ended) earlier in this pass, or its KV is on its way
 		}
 		n := min(len(r.tokens)-r.computed, budget)
 		if !c.grow(r, r.computed+n) {
@@ -780,7 +795,7 @@ func (c *Core) victim(r *req, scope *tenant) *req {
 	share := c.fairShare()
 	worst := r
 	for _, v := range c.running {
-		if v == r || v.scheduled == c.step || v.seq == nil || (scope != nil && v.tenant != scope) {
+		if v == r || v.scheduled == c.step || v.seq == nil || v.awaitingImport || (scope != nil && v.tenant != scope) {
 			continue
 		}
 		if c.worse(v, worst, share) {
@@ -811,8 +826,8 @@ func (c *Core) fairShare() int {
 // preempt releases r's pages and puts it back at the front of its
 // tenant's queue, to be recomputed (prompt and generated tokens) later.
 func (c *Core) preempt(r *req) {
-	if r.inFlight || r.seq == nil {
-		_ = invariants.Failf("sched: preempting %v in flight %v / without pages", r.owner, r.inFlight)
+	if r.inFlight || r.seq == nil || r.awaitingImport {
+		_ = invariants.Failf("sched: preempting %v in flight %v / without pages / awaiting an import %v", r.owner, r.inFlight, r.awaitingImport)
 		return
 	}
 	c.dropPages(r, nil)
@@ -880,7 +895,7 @@ func (c *Core) relieveStarvation() {
 		}
 		var v *req
 		for _, r := range c.running {
-			if r.tenant == hog && (v == nil || prioLess(r, v) > 0) {
+			if r.tenant == hog && !r.awaitingImport && (v == nil || prioLess(r, v) > 0) {
 				v = r
 			}
 		}
@@ -952,7 +967,16 @@ func (c *Core) Advance(b *Batch, outs []Outcome, execErr error) error {
 // take applies one sampled token to r.
 func (c *Core) take(r *req, tok int) {
 	if r.life.State() == StatePrefilling {
-		if c.cfg.PrefixCache && r.preemptions == 0 {
+		if r.prefillOnly {
+			if c.cfg.PrefixCache && r.preemptions == 0 {
+				c.pool.PublishPrefix(r.seq, r.params.Prompt, r.params.CacheSalt)
+			}
+			c.export(r, tok)
+			return
+		}
+		// An imported prompt is not published: the prefill node's
+		// cache holds it, and this one never computed it.
+		if c.cfg.PrefixCache && r.preemptions == 0 && !r.imported {
 			c.pool.PublishPrefix(r.seq, r.params.Prompt, r.params.CacheSalt)
 		}
 		if err := r.life.Handoff(); err != nil {

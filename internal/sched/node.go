@@ -68,6 +68,9 @@ const (
 	evAbort
 	evStats
 	evScrub
+	evReserve
+	evImport
+	evCommit
 )
 
 type event struct {
@@ -76,9 +79,18 @@ type event struct {
 	stream *Stream
 	owner  request.Owner
 	cause  error
-	reply  chan error       // submit, abort
-	stats  chan NodeStats   // stats
-	scrub  chan scrubResult // scrub
+	reply  chan error // submit, abort, import, commit
+	// prefill: a SubmitPrefill. pages: Reserve's answer. The import and
+	// commit fields: logical page, filled positions (or total tokens),
+	// bytes, first token.
+	prefill  bool
+	pages    chan []kvcache.PageID
+	index    int
+	filled   int
+	data     []byte
+	firstTok int
+	stats    chan NodeStats   // stats
+	scrub    chan scrubResult // scrub
 }
 
 type scrubResult struct {
@@ -147,6 +159,61 @@ func (n *Node) Limits() Limits { return n.lim }
 // request.ErrShuttingDown, or ctx's error. Cancelling ctx later aborts the
 // request (its stream then ends with FinishAbort).
 func (n *Node) Submit(ctx context.Context, p request.Params) (*Stream, error) {
+	return n.submit(ctx, p, false)
+}
+
+// SubmitPrefill is Submit for the prefill half of a disaggregated
+// request (Core.SubmitPrefill): the stream delivers the first token, then
+// ends with FinishLength, and Export returns the prompt's KV.
+func (n *Node) SubmitPrefill(ctx context.Context, p request.Params) (*Stream, error) {
+	return n.submit(ctx, p, true)
+}
+
+// Reserve is the decode half of a disaggregated request (Core.Reserve):
+// it reserves pages for p's prompt now, or fails with nothing held. The
+// stream delivers the tokens once CommitImport succeeds; cancelling ctx
+// aborts the request like Submit's.
+func (n *Node) Reserve(ctx context.Context, p request.Params) (*Stream, []kvcache.PageID, error) {
+	if p.Owner.ID.IsZero() {
+		p.Owner.ID = request.NewID()
+	}
+	a, err := n.lim.Admit(p)
+	if err != nil {
+		return nil, nil, err
+	}
+	s := newStream(ctx, p.Owner)
+	ev := event{kind: evReserve, adm: a, stream: s, reply: make(chan error, 1), pages: make(chan []kvcache.PageID, 1)}
+	if err := n.send(ctx, ev); err != nil {
+		return nil, nil, err
+	}
+	if err := n.wait(ev.reply); err != nil {
+		return nil, nil, err
+	}
+	pages := <-ev.pages
+	n.watchCancel(ctx, s, p.Owner)
+	return s, pages, nil
+}
+
+// ImportPage writes one page of a reserved request's prompt (see
+// Core.ImportPage).
+func (n *Node) ImportPage(owner request.Owner, i, filled int, data []byte) error {
+	ev := event{kind: evImport, owner: owner, index: i, filled: filled, data: data, reply: make(chan error, 1)}
+	if err := n.send(context.Background(), ev); err != nil {
+		return err
+	}
+	return n.wait(ev.reply)
+}
+
+// CommitImport ends a reserved request's import (see Core.CommitImport).
+func (n *Node) CommitImport(owner request.Owner, tokens, firstToken int) error {
+	ev := event{kind: evCommit, owner: owner, filled: tokens, firstTok: firstToken, reply: make(chan error, 1)}
+	if err := n.send(context.Background(), ev); err != nil {
+		return err
+	}
+	return n.wait(ev.reply)
+}
+
+func (n *Node) submit(ctx context.Context, p request.Params, prefill bool) (*Stream, error) {
 	if p.Owner.ID.IsZero() {
 		p.Owner.ID = request.NewID()
 	}
@@ -155,18 +222,25 @@ func (n *Node) Submit(ctx context.Context, p request.Params) (*Stream, error) {
 		return nil, err
 	}
 	s := newStream(ctx, p.Owner)
-	ev := event{kind: evSubmit, adm: a, stream: s, reply: make(chan error, 1)}
+	ev := event{kind: evSubmit, adm: a, stream: s, reply: make(chan error, 1), prefill: prefill}
 	if err := n.send(ctx, ev); err != nil {
 		return nil, err
 	}
 	if err := n.wait(ev.reply); err != nil {
 		return nil, err
 	}
+	n.watchCancel(ctx, s, p.Owner)
+	return s, nil
+}
+
+// watchCancel turns the cancellation of ctx into an abort of owner's
+// request, until its stream ends.
+func (n *Node) watchCancel(ctx context.Context, s *Stream, owner request.Owner) {
 	// From here the loop owns the request; cancellation is one more
 	// abort event, applied by the loop like any other.
 	// Registered only now, so it fires at once if ctx is already done.
 	stop := context.AfterFunc(ctx, func() {
-		_ = n.send(context.Background(), event{kind: evAbort, owner: p.Owner, cause: request.ErrAborted})
+		_ = n.send(context.Background(), event{kind: evAbort, owner: owner, cause: request.ErrAborted})
 	})
 	s.mu.Lock()
 	if s.ended {
@@ -176,7 +250,6 @@ func (n *Node) Submit(ctx context.Context, p request.Params) (*Stream, error) {
 		s.stop = stop
 		s.mu.Unlock()
 	}
-	return s, nil
 }
 
 // Abort ends tenant's request id. A request of another tenant, or one that
@@ -373,11 +446,28 @@ func (n *Node) apply(ev event) {
 	switch ev.kind {
 	case evSubmit:
 		n.syncPolicies()
-		err := n.core.Submit(ev.adm)
+		var err error
+		if ev.prefill {
+			err = n.core.SubmitPrefill(ev.adm)
+		} else {
+			err = n.core.Submit(ev.adm)
+		}
 		if err == nil {
 			n.streams[ev.adm.Owner()] = ev.stream
 		}
 		ev.reply <- err
+	case evReserve:
+		n.syncPolicies()
+		pages, err := n.core.Reserve(ev.adm)
+		if err == nil {
+			n.streams[ev.adm.Owner()] = ev.stream
+		}
+		ev.pages <- pages
+		ev.reply <- err
+	case evImport:
+		ev.reply <- n.core.ImportPage(ev.owner, ev.index, ev.filled, ev.data)
+	case evCommit:
+		ev.reply <- n.core.CommitImport(ev.owner, ev.filled, ev.firstTok)
 	case evAbort:
 		err := n.core.abort(ev.owner, ev.cause)
 		if ev.reply != nil {
@@ -402,6 +492,13 @@ func (n *Node) deliver(rd *Ready) {
 			continue
 		}
 		s.push(t)
+	}
+	for _, ex := range rd.Exports {
+		if s := n.streams[ex.Owner]; s != nil {
+			s.setExport(ex)
+		} else {
+			_ = invariants.Failf("sched: export for %v, which has no stream", ex.Owner)
+		}
 	}
 	for _, res := range rd.Results {
 		s := n.streams[res.Owner]
@@ -428,6 +525,7 @@ type Stream struct {
 	next   int
 	res    request.Result
 	ended  bool
+	export *Export
 	tokens chan request.Token
 }
 
@@ -484,6 +582,24 @@ func (s *Stream) Recv(ctx context.Context) (request.Token, error) {
 			return request.Token{}, ctx.Err()
 		}
 	}
+}
+
+func (s *Stream) setExport(ex Export) {
+	s.mu.Lock()
+	s.export = &ex
+	s.mu.Unlock()
+}
+
+// Export waits for the request's end and returns the prompt KV of a
+// prefill-only request that finished (SubmitPrefill), or false.
+func (s *Stream) Export() (Export, bool) {
+	<-s.done
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.export == nil {
+		return Export{}, false
+	}
+	return *s.export, true
 }
 
 // Done is closed when the request reached its terminal state.

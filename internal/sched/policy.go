@@ -129,7 +129,7 @@ func (c *Core) enforceCaps() {
 		for t.policy.MaxPages > 0 && t.pages > t.policy.MaxPages || t.policy.MaxRunning > 0 && t.running > t.policy.MaxRunning {
 			var v *req
 			for _, r := range c.running {
-				if r.tenant == t && !r.inFlight && r.seq != nil && (v == nil || prioLess(r, v) > 0) {
+				if r.tenant == t && !r.inFlight && r.seq != nil && !r.awaitingImport && (v == nil || prioLess(r, v) > 0) {
 					v = r
 				}
 			}

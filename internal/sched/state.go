@@ -125,6 +125,17 @@ func (l *Lifecycle) Preempt() error {
 	return l.move("preempt", StateAdmitted, StatePrefilling, StateHandoff, StateDecoding)
 }
 
+// HandedOff moves Handoff → Finished (FinishLength): the prefill half of
+// a disaggregated request succeeded once its prompt's KV and first token
+// were handed out; decoding is another node's.
+func (l *Lifecycle) HandedOff() error {
+	if err := l.move("handed-off", StateFinished, StateHandoff); err != nil {
+		return err
+	}
+	l.reason = request.FinishLength
+	return nil
+}
+
 // Finish moves Decoding → Finished with reason stop or length. Any other
 // reason is refused: Finished means success, nothing else.
 func (l *Lifecycle) Finish(reason request.FinishReason) error {

@@ -29,6 +29,7 @@ var lifecycleEvents = []lifecycleEvent{
 	{"abort-client", func(l *Lifecycle) error { return l.Abort(request.ErrAborted) }},
 	{"abort-shutdown", func(l *Lifecycle) error { return l.Abort(request.ErrShuttingDown) }},
 	{"abort-internal", func(l *Lifecycle) error { return l.Abort(request.ErrInternal) }},
+	{"handed-off", (*Lifecycle).HandedOff},
 }
 
 // lifecycleIn returns a lifecycle in state s, reached through legal edges
@@ -79,27 +80,27 @@ func TestStateEventTable(t *testing.T) {
 		StateReceived: {
 			ok(StateAdmitted, none), illegal(StateReceived, none), illegal(StateReceived, none), illegal(StateReceived, none),
 			illegal(StateReceived, none), illegal(StateReceived, none), illegal(StateReceived, none), illegal(StateReceived, none),
-			rejected, abortOK, abortOK, abortErr,
+			rejected, abortOK, abortOK, abortErr, illegal(StateReceived, none),
 		},
 		StateAdmitted: {
 			illegal(StateAdmitted, none), ok(StatePrefilling, none), illegal(StateAdmitted, none), illegal(StateAdmitted, none),
 			illegal(StateAdmitted, none), illegal(StateAdmitted, none), illegal(StateAdmitted, none), illegal(StateAdmitted, none),
-			rejected, abortOK, abortOK, abortErr,
+			rejected, abortOK, abortOK, abortErr, illegal(StateAdmitted, none),
 		},
 		StatePrefilling: {
 			illegal(StatePrefilling, none), illegal(StatePrefilling, none), ok(StateHandoff, none), illegal(StatePrefilling, none),
 			ok(StateAdmitted, none), illegal(StatePrefilling, none), illegal(StatePrefilling, none), illegal(StatePrefilling, none),
-			illegal(StatePrefilling, none), abortOK, abortOK, abortErr,
+			illegal(StatePrefilling, none), abortOK, abortOK, abortErr, illegal(StatePrefilling, none),
 		},
 		StateHandoff: {
 			illegal(StateHandoff, none), illegal(StateHandoff, none), illegal(StateHandoff, none), ok(StateDecoding, none),
 			ok(StateAdmitted, none), illegal(StateHandoff, none), illegal(StateHandoff, none), illegal(StateHandoff, none),
-			illegal(StateHandoff, none), abortOK, abortOK, abortErr,
+			illegal(StateHandoff, none), abortOK, abortOK, abortErr, ok(StateFinished, request.FinishLength),
 		},
 		StateDecoding: {
 			illegal(StateDecoding, none), illegal(StateDecoding, none), illegal(StateDecoding, none), illegal(StateDecoding, none),
 			ok(StateAdmitted, none), ok(StateFinished, request.FinishStop), ok(StateFinished, request.FinishLength), illegal(StateDecoding, none),
-			illegal(StateDecoding, none), abortOK, abortOK, abortErr,
+			illegal(StateDecoding, none), abortOK, abortOK, abortErr, illegal(StateDecoding, none),
 		},
 	}
 	for _, s := range []State{StateFinished, StateRejected, StateAborted} {
@@ -177,7 +178,8 @@ func TestStateString(t *testing.T) {
 
 // TestLifecycleProperties drives a Lifecycle with random event sequences:
 // a failed event changes nothing; once terminal, state, reason and error
-// never change; Finished is reached only through Decoding and is the only
+// never change; Finished is reached only through Decoding (or, for the
+// prefill half of a disaggregated request, Handoff) and is the only
 // success.
 func TestLifecycleProperties(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
@@ -193,7 +195,7 @@ func TestLifecycleProperties(t *testing.T) {
 			if before.State().Terminal() && l != before {
 				t.Fatalf("%s changed terminal %+v to %+v", ev.name, before, l)
 			}
-			if l.State() == StateFinished && before.State() != StateFinished && before.State() != StateDecoding {
+			if l.State() == StateFinished && before.State() != StateFinished && before.State() != StateDecoding && (before.State() != StateHandoff || ev.name != "handed-off") {
 				t.Fatalf("finished from %s", before.State())
 			}
 			if l.Reason().Success() != (l.State() == StateFinished) {
