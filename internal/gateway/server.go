@@ -46,14 +46,14 @@ type Config struct {
 	// LogPrompts adds prompt and output text to request logs. Debug only:
 	// prompts are customer data.
 	LogPrompts bool
-	// MetricsOnAPI also serves /metrics on the API handler. Off by
-	// default: the series are labelled by tenant id, which API callers
-	// must not see; operators serve MetricsHandler on a private listener.
 	// Registry, instead of Tenants, is a registry shared with the
 	// scheduler's tenant policies (node.Options.Policy): one Reload then
 	// changes what the gateway admits and what the scheduler enforces at
 	// the same moment, so the two can never disagree about a tenant.
 	Registry *tenants.Registry
+	// MetricsOnAPI also serves /metrics on the API handler. Off by
+	// default: the series are labelled by tenant id, which API callers
+	// must not see; operators serve MetricsHandler on a private listener.
 	MetricsOnAPI bool
 	// Now is the clock for quotas and timings. Default time.Now.
 	Now func() time.Time
