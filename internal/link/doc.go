@@ -1,0 +1,64 @@
+// Package link carries the transfer protocol between nodes: the
+// authenticated node-to-node links of invariant I11 (DESIGN.md, "Across
+// hosts"). It promises that a message reaches a node's driver only if
+//
+//   - it came over a link whose other end proved, by a certificate of the
+//     operator's CA (mutual TLS 1.3), the node name and role the message
+//     is delivered with (Inbound.From), never what the message says;
+//   - the link began with both nodes' transfer.Hello, each naming the
+//     node and role of its own certificate, and transfer.CheckPeer found
+//     the two nodes agree on protocol, layout and limits (I5); a
+//     difference is named in the error on both sides;
+//   - it is one whole transfer frame that transfer.DecodeFrame accepted:
+//     one bounded, fuzzed decoder for every message on every transport,
+//     and no format that can execute on the receiver;
+//   - the Policy lets the sender's role send that type to the receiver's
+//     role (DefaultPolicy: only the gateway reserves, only prefill sends
+//     pages, manifests, commits and heartbeats, only decode grants and
+//     confirms, every role aborts another). Anything else closes the link
+//     and is counted (Stats.Refused) and logged.
+//
+// A link that ends, for any reason but this node's Close, is reported in
+// the inbox as a PeerDown (Inbound.Down) after everything it delivered,
+// so that the driver aborts that peer's handoffs. Queues are bounded: a
+// driver that does not read its inbox holds its senders back (flow
+// control); a Send whose context ends while it waits closes the link.
+//
+// # Shape
+//
+// Transport is three methods (Send, Inbox, Close). Each implementation
+// supplies only an authenticated, ordered frame stream and a way to open
+// one to a named node; the handshake, codec, policy, inbox and PeerDown
+// are one shared piece of code (node.go), so the in-process and network
+// transports cannot diverge, and an RDMA or shared-memory transport would
+// add only its stream.
+//
+//   - Inproc (Network.Join): nodes in one process (`pagewarden serve`,
+//     tests). Identity is the Join's; every message is still framed,
+//     handshaken, decoded and policed.
+//   - GRPC (NewGRPC): the gRPC service linkpb.Link (schema
+//     pagewarden.link.v1) over mutual TLS 1.3. One Exchange stream per
+//     link, one linkpb.Frame per transfer frame. A node dials the peers
+//     in its address table; a node that dialled is answered on the same
+//     stream, so a gateway need not listen.
+//
+// # Identities
+//
+// A node certificate names its node in one URI SAN,
+// pagewarden://ROLE/NAME (ROLE gateway, prefill or decode; NAME 1-63
+// letters, digits, '.', '_', '-'), and carries DNS and IP SANs for where
+// it is reached. A dialer accepts only a certificate that chains to the
+// CA and names the node it dialled (host names are not what identifies a
+// node); a listener accepts only a client certificate that chains to the
+// CA and names a node. `pagewarden certs` makes a development CA and node
+// certificates (NewCA, CA.Issue); production loads the operator's
+// (LoadTLS).
+//
+// # Throughput
+//
+// BenchmarkPages compares KV page frames over GRPC with the same frames
+// over raw TLS 1.3 on TCP (same cipher suite, same codec) on loopback in
+// one run. Pages stay on gRPC while it keeps at least 80% of raw TLS's
+// throughput; below that they would move to a dedicated TLS stream
+// behind the same stream interface.
+package link

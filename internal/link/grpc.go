@@ -1,0 +1,287 @@
+package link
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/pagewarden/pagewarden/internal/link/linkpb"
+	"github.com/pagewarden/pagewarden/internal/transfer"
+)
+
+// GRPCConfig configures a GRPC transport.
+type GRPCConfig struct {
+	Options
+	// TLS is the node's mutual-TLS configuration (LoadTLS). Required.
+	TLS *TLS
+	// Hello is this node's handshake; its Node and Role must be those its
+	// certificate names.
+	Hello transfer.Hello
+	// Peers maps the nodes this one dials to their addresses (host:port).
+	// A node not listed can still reach this one, and is answered on the
+	// link it opened.
+	Peers map[transfer.Peer]string
+	// Keepalive is how often an idle connection is pinged, and how long a
+	// ping may go unanswered before the connection (and its links) is
+	// declared dead (default 15s).
+	Keepalive time.Duration
+}
+
+// GRPC is the network transport: gRPC's Link.Exchange streams over mutual
+// TLS 1.3, one stream per link, each message one linkpb.Frame holding one
+// transfer frame.
+type GRPC struct {
+	linkpb.UnimplementedLinkServer
+	*node
+	cfg GRPCConfig
+	srv *grpc.Server
+	ln  net.Listener
+
+	ccMu    sync.Mutex
+	ccs     map[transfer.Peer]*grpc.ClientConn
+	ccsDone bool
+}
+
+var _ Transport = (*GRPC)(nil)
+
+// maxMessage bounds a linkpb.Frame on the wire: the largest transfer frame
+// plus the protobuf field's tag and length.
+const maxMessage = transfer.HeaderSize + transfer.MaxFrameBody + transfer.TrailerSize + 16
+
+// NewGRPC returns a GRPC transport that serves links on ln (nil: this
+// node only dials, like a gateway that listens for nobody).
+func NewGRPC(cfg GRPCConfig, ln net.Listener) (*GRPC, error) {
+	if cfg.TLS == nil || cfg.TLS.Server == nil || cfg.TLS.Client == nil {
+		return nil, fmt.Errorf("%w: no TLS configuration", ErrPKI)
+	}
+	if self := (Identity{Name: cfg.Hello.Node, Role: cfg.Hello.Role}); self != cfg.TLS.Self {
+		return nil, fmt.Errorf("%w: hello says %v, this node's certificate says %v", ErrAuth, self, cfg.TLS.Self)
+	}
+	if cfg.Keepalive <= 0 {
+		cfg.Keepalive = 15 * time.Second
+	}
+	g := &GRPC{cfg: cfg, ln: ln, ccs: make(map[transfer.Peer]*grpc.ClientConn)}
+	n, err := newNode(cfg.Hello, cfg.Options, g.dial)
+	if err != nil {
+		return nil, err
+	}
+	g.node = n
+	if ln == nil {
+		return g, nil
+	}
+	g.srv = grpc.NewServer(
+		grpc.Creds(credentials.NewTLS(cfg.TLS.Server)),
+		grpc.MaxRecvMsgSize(maxMessage),
+		grpc.MaxSendMsgSize(maxMessage),
+		grpc.MaxConcurrentStreams(uint32(n.opt.MaxLinksPerPeer)),
+		grpc.ConnectionTimeout(n.opt.HandshakeTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.Keepalive, Timeout: cfg.Keepalive}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: cfg.Keepalive / 2, PermitWithoutStream: true}),
+		grpc.InitialWindowSize(windowSize),
+		grpc.InitialConnWindowSize(connWindowSize),
+	)
+	linkpb.RegisterLinkServer(g.srv, g)
+	g.wg.Go(func() { _ = g.srv.Serve(ln) })
+	return g, nil
+}
+
+// Flow-control windows: large enough that a page or two is in flight on
+// a stream, which loopback throughput needs (see BenchmarkPages); each
+// link's memory stays bounded by them.
+const (
+	windowSize     = 1 << 20
+	connWindowSize = 4 << 20
+)
+
+// Addr is the address the transport serves on, or nil.
+func (g *GRPC) Addr() net.Addr {
+	if g.ln == nil {
+		return nil
+	}
+	return g.ln.Addr()
+}
+
+// Stats returns the transport's counters.
+func (g *GRPC) Stats() Stats { return g.stats() }
+
+// Close implements Transport.Close.
+func (g *GRPC) Close() error {
+	g.close(func() {
+		if g.srv != nil {
+			g.srv.Stop()
+		}
+		g.ccMu.Lock()
+		g.ccsDone = true
+		ccs := g.ccs
+		g.ccs = nil
+		g.ccMu.Unlock()
+		for _, cc := range ccs {
+			_ = cc.Close()
+		}
+	})
+	return nil
+}
+
+// clientConn returns the connection to peer to, creating it on first use.
+// gRPC reconnects it as needed; every link to to is a stream on it.
+func (g *GRPC) clientConn(to transfer.Peer) (*grpc.ClientConn, error) {
+	addr, ok := g.cfg.Peers[to]
+	if !ok {
+		return nil, fmt.Errorf("%w: no address for %s", ErrNoRoute, to)
+	}
+	g.ccMu.Lock()
+	defer g.ccMu.Unlock()
+	if g.ccsDone {
+		return nil, ErrClosed
+	}
+	if cc := g.ccs[to]; cc != nil {
+		return cc, nil
+	}
+	cc, err := grpc.NewClient("passthrough:///"+addr,
+		// ForPeer: the handshake fails unless the certificate that
+		// answers chains to our CA and names node to.
+		grpc.WithTransportCredentials(credentials.NewTLS(g.cfg.TLS.ForPeer(Identity{Name: to}))),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessage), grpc.MaxCallSendMsgSize(maxMessage)),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: g.cfg.Keepalive, Timeout: g.cfg.Keepalive, PermitWithoutStream: true}),
+		grpc.WithInitialWindowSize(windowSize),
+		grpc.WithInitialConnWindowSize(connWindowSize),
+		grpc.WithDisableServiceConfig(),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s at %s: %v", ErrNoRoute, to, addr, err)
+	}
+	g.ccs[to] = cc
+	return cc, nil
+}
+
+func (g *GRPC) dial(ctx context.Context, to transfer.Peer) (stream, Identity, error) {
+	cc, err := g.clientConn(to)
+	if err != nil {
+		return nil, Identity{}, err
+	}
+	// The stream outlives the Send that opens it: it ends with the node
+	// or when the link closes it.
+	sctx, cancel := context.WithCancelCause(g.ctx)
+	stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
+	defer stop()
+	ex, err := linkpb.NewLinkClient(cc).Exchange(sctx)
+	if err != nil {
+		cancel(err)
+		if c := context.Cause(sctx); c != nil && !errors.Is(c, context.Canceled) {
+			err = c
+		}
+		return nil, Identity{}, fmt.Errorf("%w: %s: %w", ErrPeerDown, to, err)
+	}
+	id, err := authInfo(ex.Context())
+	if err != nil {
+		cancel(err)
+		return nil, Identity{}, err
+	}
+	return &clientStream{ex: ex, cancel: cancel}, id, nil
+}
+
+// authInfo is the verified identity of a stream's peer.
+func authInfo(ctx context.Context) (Identity, error) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return Identity{}, fmt.Errorf("%w: no peer information", ErrAuth)
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok {
+		return Identity{}, fmt.Errorf("%w: not a TLS connection", ErrAuth)
+	}
+	return PeerIdentity(info.State)
+}
+
+// Exchange is the Link service: a peer opens a link. Its identity is the
+// one its client certificate names (verified in the TLS handshake).
+func (g *GRPC) Exchange(ex linkpb.Link_ExchangeServer) error {
+	id, err := authInfo(ex.Context())
+	if err != nil {
+		return status.Error(codes.Unauthenticated, err.Error())
+	}
+	st := &serverStream{ex: ex, done: make(chan struct{})}
+	if err := g.accept(st, id); err != nil {
+		return status.Error(codes.Unavailable, err.Error())
+	}
+	// The node's goroutines read the stream; the handler only holds it
+	// open until the link ends, and reports why.
+	select {
+	case <-st.done:
+	case <-ex.Context().Done():
+		st.close(context.Cause(ex.Context()))
+	}
+	switch {
+	case errors.Is(st.err, ErrPolicy):
+		return status.Error(codes.PermissionDenied, st.err.Error())
+	case errors.Is(st.err, ErrAuth):
+		return status.Error(codes.Unauthenticated, st.err.Error())
+	case errors.Is(st.err, transfer.ErrFrame), errors.Is(st.err, ErrHandshake):
+		return status.Error(codes.FailedPrecondition, st.err.Error())
+	}
+	return status.Error(codes.Unavailable, st.err.Error())
+}
+
+type clientStream struct {
+	ex     linkpb.Link_ExchangeClient
+	cancel context.CancelCauseFunc
+}
+
+func (s *clientStream) send(frame []byte) error {
+	err := s.ex.Send(&linkpb.Frame{Frame: frame})
+	if errors.Is(err, io.EOF) {
+		// gRPC's way of saying the server ended the stream; the reader
+		// gets the status that says why.
+		return errEnded
+	}
+	return err
+}
+
+var errEnded = errors.New("the peer ended the link")
+
+func (s *clientStream) recv() ([]byte, error) {
+	f, err := s.ex.Recv()
+	if err != nil {
+		return nil, err
+	}
+	return f.GetFrame(), nil
+}
+
+func (s *clientStream) close(cause error) { s.cancel(cause) }
+
+type serverStream struct {
+	ex   linkpb.Link_ExchangeServer
+	done chan struct{}
+	once sync.Once
+	err  error
+}
+
+func (s *serverStream) send(frame []byte) error { return s.ex.Send(&linkpb.Frame{Frame: frame}) }
+
+func (s *serverStream) recv() ([]byte, error) {
+	f, err := s.ex.Recv()
+	if err != nil {
+		return nil, err
+	}
+	return f.GetFrame(), nil
+}
+
+// close lets the handler return, which ends the stream: gRPC then fails
+// the node's blocked Send and Recv calls on it.
+func (s *serverStream) close(cause error) {
+	s.once.Do(func() {
+		s.err = cause
+		close(s.done)
+	})
+}
