@@ -103,8 +103,8 @@ func DecodeFrame(frame []byte) (Message, error) {
 	case MsgReserve:
 		m = d.reserve()
 	case MsgGrant:
-		m = &Grant{Ref: d.ref(), PageCount: d.int32("page count", MaxPages), PromptTokens: d.int32("prompt tokens", maxInt32),
-			MaxNewTokens: d.int32("max new tokens", maxInt32), LeaseTTL: Duration(d.int64("lease"))}
+		g := d.grant()
+		m = &g
 	case MsgPage:
 		m = &Page{Ref: d.ref(), Index: d.int32("page index", MaxPages-1), Filled: d.int32("filled", maxInt32), Data: d.bytes("page data", MaxPageBytes)}
 	case MsgManifest:
@@ -119,6 +119,8 @@ func DecodeFrame(frame []byte) (Message, error) {
 		m = &AbortAck{Ref: d.ref(), Drained: d.bool("drained")}
 	case MsgHeartbeat:
 		m = &Heartbeat{d.ref()}
+	default:
+		m = d.requestPlane(h.Type)
 	}
 	if d.err == nil && len(d.b) != 0 {
 		d.fail("%d trailing bytes in a %v body", len(d.b), h.Type)
@@ -152,17 +154,9 @@ func AppendFrame(dst []byte, m Message) ([]byte, error) {
 		e.int32("page size", m.Limits.PageSize, maxInt32)
 		e.int64("page bytes", int64(m.Limits.PageBytes))
 	case *Reserve:
-		e.owner(m.Owner)
-		e.u64(m.Epoch)
-		e.int32("prompt tokens", m.PromptTokens, maxInt32)
-		e.int32("max new tokens", m.MaxNewTokens, maxInt32)
-		e.str("sender", string(m.Sender))
+		e.reserveBody(m)
 	case *Grant:
-		e.ref(m.Ref)
-		e.int32("page count", m.PageCount, MaxPages)
-		e.int32("prompt tokens", m.PromptTokens, maxInt32)
-		e.int32("max new tokens", m.MaxNewTokens, maxInt32)
-		e.int64("lease", int64(m.LeaseTTL))
+		e.grantBody(m)
 	case *Page:
 		e.ref(m.Ref)
 		e.int32("page index", m.Index, MaxPages-1)
@@ -187,7 +181,9 @@ func AppendFrame(dst []byte, m Message) ([]byte, error) {
 	case *Heartbeat:
 		e.ref(m.Ref)
 	default:
-		return dst[:start], fmt.Errorf("%w: unknown message %T", ErrFrame, m)
+		if !e.requestPlane(m) {
+			return dst[:start], fmt.Errorf("%w: unknown message %T", ErrFrame, m)
+		}
 	}
 	if e.err != nil {
 		return dst[:start], e.err

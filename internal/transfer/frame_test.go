@@ -92,6 +92,9 @@ func randomMessage(rng *rand.Rand) Message {
 		return &Abort{Ref: ref, Reason: Reason(rng.Uint32())}
 	case MsgAbortAck:
 		return &AbortAck{Ref: ref, Drained: rng.IntN(2) == 0}
+	case MsgGenerate, MsgPrefill, MsgTokens, MsgResult:
+		ms := requestPlaneMessages()
+		return ms[rng.IntN(len(ms))]
 	default:
 		return &Heartbeat{ref}
 	}
@@ -260,7 +263,7 @@ func TestEncodeRefuses(t *testing.T) {
 // encoding of a message that round-trips; and a message built from the
 // input round-trips through encode and decode.
 func FuzzFrame(f *testing.F) {
-	for _, m := range sampleMessages() {
+	for _, m := range append(sampleMessages(), requestPlaneMessages()...) {
 		b, err := EncodeFrame(m)
 		if err != nil {
 			f.Fatal(err)

@@ -20,6 +20,10 @@ const (
 	MsgAbort                        // any → the other parties
 	MsgAbortAck                     // back to the aborting party, once drained
 	MsgHeartbeat                    // prefill → decode: renew the lease
+	MsgGenerate                     // gateway → decode: Reserve plus the request (job.go)
+	MsgPrefill                      // gateway → prefill: compute and hand off a prompt
+	MsgTokens                       // decode → gateway: generated tokens
+	MsgResult                       // decode, prefill → gateway: a request's end
 	numMsgTypes
 )
 
@@ -27,6 +31,7 @@ var msgNames = [...]string{
 	MsgHello: "hello", MsgReserve: "reserve", MsgGrant: "grant", MsgPage: "page",
 	MsgManifest: "manifest", MsgCommit: "commit", MsgCommitted: "committed",
 	MsgAbort: "abort", MsgAbortAck: "abort_ack", MsgHeartbeat: "heartbeat",
+	MsgGenerate: "generate", MsgPrefill: "prefill", MsgTokens: "tokens", MsgResult: "result",
 }
 
 func (t MsgType) String() string {

@@ -1,0 +1,368 @@
+package transfer
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/pagewarden/pagewarden/internal/request"
+)
+
+// The request plane: what the gateway sends a node about a request besides
+// the handoff itself, and what comes back. These messages travel in the
+// same frames, through the same bounded decoder, as the handoff's.
+//
+//	job       := maxTokens:int nPrompt:u32 prompt:u32×nPrompt
+//	             temperature:f32 topK:int topP:f32 minP:f32 repetition:f32 seed:u64
+//	             nStop:u8 stop:u32×nStop salt:str16 priority:i32
+//	str16     := len:u16 bytes                     (≤ MaxSaltLen)
+//	Generate  := Reserve job                       gateway → decode
+//	Prefill   := Grant decode:str job              gateway → prefill
+//	Tokens    := ref start:int n:u16 id:u32×n      decode → gateway
+//	Result    := ref reason:u8 code:u8 transferReason:u16
+//	             prompt:int completion:int cached:int   decode/prefill → gateway
+//
+// A job's numbers are checked on decode as the gateway checked them on
+// the way in: finite sampling values in their ranges, token ids in int32,
+// bounded lists. A peer cannot hand a node a NaN temperature or a
+// negative max_tokens.
+
+// Bounds of the request plane.
+const (
+	MaxPromptTokens = 1 << 22 // tokens of one prompt on the wire
+	MaxStopTokens   = 64
+	MaxSaltLen      = 4096
+	MaxTokensPerMsg = 4096
+)
+
+// Job is a request's parameters as the gateway admitted them: everything
+// a node needs to run it except the owner, which travels in the message.
+type Job struct {
+	Prompt     []int
+	MaxTokens  int
+	Sampling   request.Sampling
+	StopTokens []int
+	CacheSalt  string
+	Priority   int
+}
+
+// JobOf and Params convert between a Job and request.Params.
+func JobOf(p request.Params) Job {
+	return Job{Prompt: p.Prompt, MaxTokens: p.MaxTokens, Sampling: p.Sampling, StopTokens: p.StopTokens, CacheSalt: p.CacheSalt, Priority: p.Priority}
+}
+
+// Params is the request j describes for owner.
+func (j Job) Params(owner request.Owner) request.Params {
+	return request.Params{Owner: owner, Prompt: j.Prompt, MaxTokens: j.MaxTokens, Sampling: j.Sampling, StopTokens: j.StopTokens, CacheSalt: j.CacheSalt, Priority: j.Priority}
+}
+
+// Generate asks a decode node to take a request: reserve pages for its
+// prompt (the Reserve part, answered by Grant) and decode it once Sender's
+// handoff commits, streaming Tokens and one Result to the gateway.
+type Generate struct {
+	Reserve
+	Job Job
+}
+
+// Prefill asks a prefill node to compute a request's prompt and hand it
+// to Decode under the grant.
+type Prefill struct {
+	Grant  Grant
+	Decode Peer
+	Job    Job
+}
+
+// Tokens are generated tokens Start, Start+1, ... of a request.
+type Tokens struct {
+	Ref
+	Start int
+	IDs   []int
+}
+
+// ErrorCode classifies why a request failed, for the gateway's answer.
+type ErrorCode uint8
+
+const (
+	CodeNone          ErrorCode = iota
+	CodeAborted                 // request.ErrAborted
+	CodeShuttingDown            // request.ErrShuttingDown
+	CodeOverloaded              // request.ErrOverloaded
+	CodeContextLength           // request.ErrContextLength
+	CodeQuota                   // request.ErrQuota
+	CodeHandoff                 // the handoff failed (Result.Handoff says why)
+	CodeInternal                // anything else
+	numCodes
+)
+
+// CodeOf classifies err.
+func CodeOf(err error) ErrorCode {
+	switch {
+	case err == nil:
+		return CodeNone
+	case errors.Is(err, request.ErrAborted):
+		return CodeAborted
+	case errors.Is(err, request.ErrShuttingDown):
+		return CodeShuttingDown
+	case errors.Is(err, request.ErrOverloaded):
+		return CodeOverloaded
+	case errors.Is(err, request.ErrContextLength):
+		return CodeContextLength
+	case errors.Is(err, request.ErrQuota):
+		return CodeQuota
+	case errors.Is(err, ErrRefused), errors.Is(err, ErrAborted):
+		return CodeHandoff
+	}
+	return CodeInternal
+}
+
+// Err is the sentinel error the code stands for (nil for CodeNone).
+func (c ErrorCode) Err() error {
+	switch c {
+	case CodeNone:
+		return nil
+	case CodeAborted:
+		return request.ErrAborted
+	case CodeShuttingDown:
+		return request.ErrShuttingDown
+	case CodeOverloaded:
+		return request.ErrOverloaded
+	case CodeContextLength:
+		return request.ErrContextLength
+	case CodeQuota:
+		return request.ErrQuota
+	}
+	return request.ErrInternal
+}
+
+// Result is a request's end as the node that ran it saw it.
+type Result struct {
+	Ref
+	Reason  request.FinishReason
+	Code    ErrorCode
+	Handoff Reason // with CodeHandoff
+	Usage   request.Usage
+}
+
+func (*Generate) Type() MsgType { return MsgGenerate }
+func (*Prefill) Type() MsgType  { return MsgPrefill }
+func (*Tokens) Type() MsgType   { return MsgTokens }
+func (*Result) Type() MsgType   { return MsgResult }
+
+func (e *encoder) str16(field, v string, limit int) {
+	if len(v) > limit {
+		e.fail("%s of %d bytes (limit %d)", field, len(v), limit)
+		return
+	}
+	e.u16(uint16(len(v)))
+	e.b = append(e.b, v...)
+}
+
+func (e *encoder) ids(field string, v []int, limit int, wide bool) {
+	if len(v) > limit {
+		e.fail("%s: %d entries (limit %d)", field, len(v), limit)
+		return
+	}
+	switch {
+	case wide:
+		e.u32(uint32(len(v)))
+	case limit <= math.MaxUint8:
+		e.u8(uint8(len(v)))
+	default:
+		e.u16(uint16(len(v)))
+	}
+	for _, id := range v {
+		e.int32(field, id, maxInt32)
+	}
+}
+
+func (e *encoder) f32(field string, v float32, lo, hi float32) {
+	if !(v >= lo && v <= hi) {
+		e.fail("%s %v out of range %v..%v", field, v, lo, hi)
+		return
+	}
+	e.u32(math.Float32bits(v))
+}
+
+// Sampling ranges on the wire: wider than the API's where that costs
+// nothing, never NaN or infinite.
+const (
+	maxTemperature = 100
+	maxPenalty     = 100
+)
+
+func (e *encoder) job(j *Job) {
+	e.int32("max tokens", j.MaxTokens, maxInt32)
+	e.ids("prompt", j.Prompt, MaxPromptTokens, true)
+	s := j.Sampling
+	e.f32("temperature", s.Temperature, 0, maxTemperature)
+	e.int32("top k", s.TopK, maxInt32)
+	e.f32("top p", s.TopP, 0, 1)
+	e.f32("min p", s.MinP, 0, 1)
+	e.f32("repetition penalty", s.RepetitionPenalty, 0, maxPenalty)
+	e.u64(s.Seed)
+	e.ids("stop tokens", j.StopTokens, MaxStopTokens, false)
+	e.str16("cache salt", j.CacheSalt, MaxSaltLen)
+	if j.Priority < math.MinInt32 || j.Priority > math.MaxInt32 {
+		e.fail("priority %d out of int32", j.Priority)
+		return
+	}
+	e.u32(uint32(int32(j.Priority)))
+}
+
+func (e *encoder) reserveBody(m *Reserve) {
+	e.owner(m.Owner)
+	e.u64(m.Epoch)
+	e.int32("prompt tokens", m.PromptTokens, maxInt32)
+	e.int32("max new tokens", m.MaxNewTokens, maxInt32)
+	e.str("sender", string(m.Sender))
+}
+
+func (e *encoder) grantBody(m *Grant) {
+	e.ref(m.Ref)
+	e.int32("page count", m.PageCount, MaxPages)
+	e.int32("prompt tokens", m.PromptTokens, maxInt32)
+	e.int32("max new tokens", m.MaxNewTokens, maxInt32)
+	e.int64("lease", int64(m.LeaseTTL))
+}
+
+func (e *encoder) requestPlane(m Message) bool {
+	switch m := m.(type) {
+	case *Generate:
+		e.reserveBody(&m.Reserve)
+		e.job(&m.Job)
+		if len(m.Job.Prompt) != m.PromptTokens || m.Job.MaxTokens != m.MaxNewTokens {
+			e.fail("generate: reserve for %d+%d tokens, job of %d+%d", m.PromptTokens, m.MaxNewTokens, len(m.Job.Prompt), m.Job.MaxTokens)
+		}
+	case *Prefill:
+		e.grantBody(&m.Grant)
+		e.str("decode", string(m.Decode))
+		e.job(&m.Job)
+	case *Tokens:
+		e.ref(m.Ref)
+		e.int32("start", m.Start, maxInt32)
+		e.ids("tokens", m.IDs, MaxTokensPerMsg, false)
+	case *Result:
+		e.ref(m.Ref)
+		if m.Reason > request.FinishError || m.Code >= numCodes {
+			e.fail("result reason %d, code %d", m.Reason, m.Code)
+			return true
+		}
+		e.u8(uint8(m.Reason))
+		e.u8(uint8(m.Code))
+		e.u16(uint16(m.Handoff))
+		e.int32("prompt tokens", m.Usage.PromptTokens, maxInt32)
+		e.int32("completion tokens", m.Usage.CompletionTokens, maxInt32)
+		e.int32("cached tokens", m.Usage.CachedTokens, maxInt32)
+	default:
+		return false
+	}
+	return true
+}
+
+func (d *decoder) str16(field string, limit int) string {
+	n := int(d.u16())
+	if n > limit {
+		d.fail("%s of %d bytes (limit %d)", field, n, limit)
+		return ""
+	}
+	return string(d.take(n, field))
+}
+
+func (d *decoder) ids(field string, limit int, wide bool) []int {
+	var n int
+	switch {
+	case wide:
+		n = int(d.u32())
+	case limit <= math.MaxUint8:
+		n = int(d.u8())
+	default:
+		n = int(d.u16())
+	}
+	if n > limit {
+		d.fail("%s: %d entries (limit %d)", field, n, limit)
+		return nil
+	}
+	if d.err != nil || n == 0 {
+		return nil
+	}
+	if 4*n > len(d.b) {
+		d.fail("%s: %d entries need %d bytes, %d remain", field, n, 4*n, len(d.b))
+		return nil
+	}
+	v := make([]int, n)
+	for i := range v {
+		v[i] = d.int32(field, maxInt32)
+	}
+	return v
+}
+
+func (d *decoder) f32(field string, lo, hi float32) float32 {
+	v := math.Float32frombits(d.u32())
+	if !(v >= lo && v <= hi) {
+		d.fail("%s %v out of range %v..%v", field, v, lo, hi)
+		return 0
+	}
+	return v
+}
+
+func (d *decoder) job() Job {
+	var j Job
+	j.MaxTokens = d.int32("max tokens", maxInt32)
+	j.Prompt = d.ids("prompt", MaxPromptTokens, true)
+	j.Sampling.Temperature = d.f32("temperature", 0, maxTemperature)
+	j.Sampling.TopK = d.int32("top k", maxInt32)
+	j.Sampling.TopP = d.f32("top p", 0, 1)
+	j.Sampling.MinP = d.f32("min p", 0, 1)
+	j.Sampling.RepetitionPenalty = d.f32("repetition penalty", 0, maxPenalty)
+	j.Sampling.Seed = d.u64()
+	j.StopTokens = d.ids("stop tokens", MaxStopTokens, false)
+	j.CacheSalt = d.str16("cache salt", MaxSaltLen)
+	j.Priority = int(int32(d.u32()))
+	return j
+}
+
+func (d *decoder) grant() Grant {
+	return Grant{Ref: d.ref(), PageCount: d.int32("page count", MaxPages), PromptTokens: d.int32("prompt tokens", maxInt32),
+		MaxNewTokens: d.int32("max new tokens", maxInt32), LeaseTTL: Duration(d.int64("lease"))}
+}
+
+func (d *decoder) requestPlane(t MsgType) Message {
+	switch t {
+	case MsgGenerate:
+		g := &Generate{Reserve: *d.reserve()}
+		g.Job = d.job()
+		if d.err == nil && (len(g.Job.Prompt) != g.PromptTokens || g.Job.MaxTokens != g.MaxNewTokens) {
+			d.fail("generate: reserve for %d+%d tokens, job of %d+%d", g.PromptTokens, g.MaxNewTokens, len(g.Job.Prompt), g.Job.MaxTokens)
+		}
+		return g
+	case MsgPrefill:
+		p := &Prefill{Grant: d.grant()}
+		p.Decode = Peer(d.str("decode"))
+		p.Job = d.job()
+		return p
+	case MsgTokens:
+		return &Tokens{Ref: d.ref(), Start: d.int32("start", maxInt32), IDs: d.ids("tokens", MaxTokensPerMsg, false)}
+	case MsgResult:
+		r := &Result{Ref: d.ref()}
+		r.Reason = request.FinishReason(d.u8())
+		r.Code = ErrorCode(d.u8())
+		r.Handoff = Reason(d.u16())
+		r.Usage.PromptTokens = d.int32("prompt tokens", maxInt32)
+		r.Usage.CompletionTokens = d.int32("completion tokens", maxInt32)
+		r.Usage.CachedTokens = d.int32("cached tokens", maxInt32)
+		if d.err == nil && (r.Reason > request.FinishError || r.Code >= numCodes) {
+			d.fail("result reason %d, code %d", r.Reason, r.Code)
+		}
+		return r
+	}
+	d.fail("message type %v", t)
+	return nil
+}
+
+func (c ErrorCode) String() string {
+	names := [...]string{"none", "aborted", "shutting_down", "overloaded", "context_length", "quota", "handoff", "internal"}
+	if int(c) < len(names) {
+		return names[c]
+	}
+	return fmt.Sprintf("ErrorCode(%d)", uint8(c))
+}
