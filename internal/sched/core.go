@@ -390,6 +390,12 @@ func (c *Core) abort(owner request.Owner, cause error) error {
 		return nil
 	}
 	c.unqueue(r)
+	if errors.Is(cause, kvcache.ErrViolation) && !r.inFlight {
+		// Pages first, with the cause, so that they are quarantined
+		// rather than freed.
+		c.noteQuarantine(cause)
+		c.dropPages(r, cause)
+	}
 	c.end(r, func(l *Lifecycle) error { return l.Abort(cause) })
 	return nil
 }

@@ -2,8 +2,10 @@ package sched
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 
+	"github.com/pagewarden/pagewarden/internal/invariants"
 	"github.com/pagewarden/pagewarden/internal/kvcache"
 	"github.com/pagewarden/pagewarden/internal/request"
 )
@@ -203,4 +205,30 @@ func TestReserveNeverQueues(t *testing.T) {
 		t.Fatalf("local request: %+v", res)
 	}
 	h.checkFree(t)
+}
+
+// TestAbortWithViolationQuarantines: a reservation whose handoff could not
+// be drained is ended with a violation cause, and its pages are
+// quarantined, not freed.
+func TestAbortWithViolationQuarantines(t *testing.T) {
+	defer invariants.SetStrict(invariants.SetStrict(false))
+	o := harnessOpts{window: 64, pageSize: 8, pages: 10, batchTokens: 64, maxRunning: 8}
+	h := newHarness(t, o)
+	p := h.mkParams("acme", 20, 4)
+	a, _ := h.lim.Admit(p)
+	if _, err := h.core.Reserve(a); err != nil {
+		t.Fatal(err)
+	}
+	h.params[p.Owner] = p
+	cause := fmt.Errorf("%w: a writer could not be drained", kvcache.ErrViolation)
+	if err := h.core.abort(p.Owner, cause); err != nil {
+		t.Fatal(err)
+	}
+	h.drain(t)
+	if res := h.results[p.Owner]; res.Reason != request.FinishError {
+		t.Fatalf("result %+v", res)
+	}
+	if st := h.pool.Stats(); st.QuarantinedPages != 3 {
+		t.Fatalf("pool %+v, want the 3 reserved pages quarantined", st)
+	}
 }

@@ -194,6 +194,18 @@ func (n *Node) Reserve(ctx context.Context, p request.Params) (*Stream, []kvcach
 	return s, pages, nil
 }
 
+// Fail ends owner's request with cause (an error for the client, unless
+// cause wraps request.ErrAborted). A cause wrapping kvcache.ErrViolation
+// quarantines the request's pages instead of freeing them. A request the
+// node does not know gives request.ErrNotFound.
+func (n *Node) Fail(owner request.Owner, cause error) error {
+	ev := event{kind: evAbort, owner: owner, cause: cause, reply: make(chan error, 1)}
+	if err := n.send(context.Background(), ev); err != nil {
+		return err
+	}
+	return n.wait(ev.reply)
+}
+
 // ImportPage writes one page of a reserved request's prompt (see
 // Core.ImportPage).
 func (n *Node) ImportPage(owner request.Owner, i, filled int, data []byte) error {
