@@ -147,7 +147,7 @@ func verifyServer(cs tls.ConnectionState, roots *x509.CertPool) error {
 		return fmt.Errorf("%w: %v", ErrAuth, err)
 	}
 	if cs.ServerName == "" || string(id.Name) != cs.ServerName {
-		return fmt.Errorf("%w: dialled node %q, answered by %v", ErrAuth, cs.ServerName, id)
+		return fmt.Errorf("%w: dialled node %s, answered by %v", ErrAuth, cs.ServerName, id)
 	}
 	return nil
 }
