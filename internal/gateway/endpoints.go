@@ -5,15 +5,27 @@ import (
 	"fmt"
 )
 
+// models lists the one served model, as OpenAI's GET /v1/models does.
 func (s *Server) models(c *call) *apiError {
-	return writeOK(c, map[string]any{
-		"object": "list",
-		"data": []any{map[string]any{
-			"id": s.backend.ModelID(), "object": "model", "created": c.start.Unix(),
-			"owned_by": "pagewarden", "root": s.backend.ModelID(), "parent": nil,
-			"max_model_len": s.limits.MaxContext,
-		}},
-	})
+	return writeOK(c, map[string]any{"object": "list", "data": []any{s.modelObject()}})
+}
+
+// model is GET /v1/models/{id}: the served model's entry, or 404.
+func (s *Server) model(c *call) *apiError {
+	if id := c.r.PathValue("id"); id != s.backend.ModelID() {
+		return s.modelNotFound(id)
+	}
+	return writeOK(c, s.modelObject())
+}
+
+// modelObject is the served model in OpenAI's model shape. created is the
+// server's start time, so that it is the same on every call.
+func (s *Server) modelObject() map[string]any {
+	return map[string]any{
+		"id": s.backend.ModelID(), "object": "model", "created": s.created.Unix(),
+		"owned_by": "pagewarden", "root": s.backend.ModelID(), "parent": nil,
+		"max_model_len": s.limits.MaxContext,
+	}
 }
 
 // tokenizeRequest is vLLM's /tokenize body: either a prompt or messages.

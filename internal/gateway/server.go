@@ -72,6 +72,9 @@ type Server struct {
 	mux     *http.ServeMux
 	tmpl    *chattmpl.Template // nil: use the fallback format
 	tmplErr error              // why the model's template was not usable
+	// created is the server's start time: the "created" of the served
+	// model, the same on every call.
+	created time.Time
 
 	// Draining: once draining is set no new request starts; active counts
 	// handlers in progress; idle is closed when draining and active is 0.
@@ -128,7 +131,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg: cfg, backend: cfg.Backend, limits: lim, reg: reg,
 		m: newMetrics(cfg.Backend), log: cfg.Logger, now: cfg.Now,
-		idle: make(chan struct{}),
+		idle: make(chan struct{}), created: cfg.Now(),
 	}
 	s.stop, s.stopNow = context.WithCancel(context.Background())
 	if src := cfg.Backend.ChatTemplate(); src != "" {
@@ -154,11 +157,22 @@ var endpointMethods = map[string]string{
 	"/readyz":              http.MethodGet,
 }
 
+// allowedMethod is the method a known path takes.
+func allowedMethod(path string) (string, bool) {
+	if strings.HasPrefix(path, "/v1/models/") {
+		return http.MethodGet, true
+	}
+	m, ok := endpointMethods[path]
+	return m, ok
+}
+
 func (s *Server) routes() {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", s.handle("chat", true, s.chatCompletions))
 	mux.HandleFunc("POST /v1/completions", s.handle("completions", true, s.completions))
 	mux.HandleFunc("GET /v1/models", s.handle("models", true, s.models))
+	// Model ids may hold slashes ("org/name"): the id is the whole rest.
+	mux.HandleFunc("GET /v1/models/{id...}", s.handle("models", true, s.model))
 	mux.HandleFunc("POST /tokenize", s.handle("tokenize", true, s.tokenize))
 	mux.HandleFunc("POST /detokenize", s.handle("detokenize", true, s.detokenize))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -178,7 +192,7 @@ func (s *Server) routes() {
 		mux.Handle("GET /metrics", s.MetricsHandler())
 	}
 	mux.HandleFunc("/", s.handle("unknown", false, func(c *call) *apiError {
-		if allow, ok := endpointMethods[c.r.URL.Path]; ok {
+		if allow, ok := allowedMethod(c.r.URL.Path); ok {
 			c.w.Header().Set("Allow", allow)
 			return &apiError{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_allowed",
 				Message: fmt.Sprintf("%s is not allowed on %s; use %s.", c.r.Method, c.r.URL.Path, allow)}
@@ -457,8 +471,13 @@ func (c *call) checkModel(model string) *apiError {
 	if model == "" || model == c.s.backend.ModelID() {
 		return nil
 	}
+	return c.s.modelNotFound(model)
+}
+
+// modelNotFound is the 404 for a model id this server does not serve.
+func (s *Server) modelNotFound(model string) *apiError {
 	return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found", Param: "model",
-		Message: fmt.Sprintf("The model %q does not exist on this server; it serves %q.", truncate(model, 64), c.s.backend.ModelID())}
+		Message: fmt.Sprintf("The model %q does not exist on this server; it serves %q.", truncate(model, 64), s.backend.ModelID())}
 }
 
 func truncate(s string, n int) string {
