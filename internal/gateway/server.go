@@ -209,8 +209,11 @@ func (s *Server) MetricsHandler() http.Handler {
 	return promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{})
 }
 
-// ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+// ServeHTTP implements http.Handler. Every response, probes and the
+// mux's own redirects included, carries an X-Request-Id.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.mux.ServeHTTP(withRequestID(w, r), r)
+}
 
 // Metrics is the server's private Prometheus registry.
 func (s *Server) Metrics() *prometheus.Registry { return s.m.reg }
@@ -335,8 +338,9 @@ type call struct {
 	tenant   tenants.Tenant
 	id       request.ID
 	status   int
-	code     string // the error code sent, if any
-	started  bool   // a response byte was written
+	code     string    // the error code sent, if any
+	started  bool      // a response byte was written
+	ids      *idWriter // the response writer that sets X-Request-Id
 
 	promptTokens, completionTokens, cachedTokens int
 	ttft                                         time.Duration
@@ -349,7 +353,9 @@ type call struct {
 // error adapter, metrics and the request log line.
 func (s *Server) handle(endpoint string, auth bool, h func(*call) *apiError) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		c := &call{s: s, w: w, r: r, endpoint: endpoint, start: s.now()}
+		ids := withRequestID(w, r)
+		c := &call{s: s, w: ids, r: r, endpoint: endpoint, start: s.now(), ids: ids}
+		ids.internal = &c.id
 		if !s.begin() {
 			c.fail(errDraining)
 			c.done()
@@ -418,6 +424,14 @@ func (c *call) done() {
 		slog.Int("status", c.status),
 		slog.Duration("duration", s.now().Sub(c.start)),
 	}
+	if c.ids.client != "" {
+		attrs = append(attrs, slog.String("client_request_id", c.ids.client))
+	}
+	if c.id.IsZero() && c.ids.fresh != "" {
+		// The id this response's X-Request-Id carried, so that a client
+		// reporting it finds this line.
+		attrs = append(attrs, slog.String("id", c.ids.fresh))
+	}
 	if !c.id.IsZero() {
 		attrs = append(attrs, slog.String("id", c.id.String()),
 			slog.Int("prompt_tokens", c.promptTokens),
@@ -446,7 +460,9 @@ func (c *call) done() {
 
 // readBody reads the request body under the size cap.
 func (c *call) readBody() ([]byte, *apiError) {
-	body, err := io.ReadAll(http.MaxBytesReader(c.w, c.r.Body, c.s.cfg.MaxBodyBytes))
+	// The unwrapped writer: net/http closes the connection after a
+	// body over the cap only if MaxBytesReader can tell its own writer.
+	body, err := io.ReadAll(http.MaxBytesReader(c.ids.ResponseWriter, c.r.Body, c.s.cfg.MaxBodyBytes))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -479,6 +495,106 @@ func (s *Server) modelNotFound(model string) *apiError {
 	return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found", Param: "model",
 		Message: fmt.Sprintf("The model %q does not exist on this server; it serves %q.", truncate(model, 64), s.backend.ModelID())}
 }
+
+// maxClientRequestID caps the X-Request-Id a client may send to be echoed.
+const maxClientRequestID = 128
+
+// clientRequestID returns the client's X-Request-Id when it is well
+// formed: a single header of 1 to 128 printable ASCII bytes. Anything else
+// is ignored, never echoed.
+func clientRequestID(r *http.Request) string {
+	v := r.Header.Values("X-Request-Id")
+	if len(v) != 1 || v[0] == "" || len(v[0]) > maxClientRequestID {
+		return ""
+	}
+	for i := 0; i < len(v[0]); i++ {
+		if b := v[0][i]; b < 0x20 || b > 0x7e {
+			return ""
+		}
+	}
+	return v[0]
+}
+
+// idWriter fixes a response's request-id headers when its status is
+// written, from what the request has learnt by then. X-Request-Id is the
+// client's well-formed one if it sent one, else the call's internal id if
+// it got one, else an id drawn for this HTTP request; whatever a handler
+// set there before is overwritten. X-Pagewarden-Request-Id is the internal
+// id whenever there is one: that id is drawn by the server alone (I9), a
+// client id only ever travels back in X-Request-Id and the log line.
+type idWriter struct {
+	http.ResponseWriter
+	client   string      // the client's X-Request-Id; "" if absent or malformed
+	fresh    string      // drawn for this HTTP request when client is ""
+	internal *request.ID // the call's id (zero until it submits); nil outside handle
+	wrote    bool        // the status line is written: the headers are sent
+}
+
+var _ http.ResponseWriter = (*idWriter)(nil)
+
+// withRequestID wraps w, once per HTTP request.
+func withRequestID(w http.ResponseWriter, r *http.Request) *idWriter {
+	if iw, ok := w.(*idWriter); ok {
+		return iw
+	}
+	iw := &idWriter{ResponseWriter: w, client: clientRequestID(r)}
+	if iw.client == "" {
+		iw.fresh = request.NewID().String()
+	}
+	// Set now as well, for a response that net/http ends itself after a
+	// handler that wrote nothing.
+	iw.stamp()
+	return iw
+}
+
+func (w *idWriter) stamp() {
+	h := w.ResponseWriter.Header()
+	var internal string
+	if w.internal != nil && !w.internal.IsZero() {
+		internal = w.internal.String()
+		h.Set("X-Pagewarden-Request-Id", internal)
+	}
+	switch {
+	case w.client != "":
+		h.Set("X-Request-Id", w.client)
+	case internal != "":
+		h.Set("X-Request-Id", internal)
+	default:
+		h.Set("X-Request-Id", w.fresh)
+	}
+}
+
+// WriteHeader stamps the request ids and sends the status.
+func (w *idWriter) WriteHeader(status int) {
+	if !w.wrote {
+		w.wrote = true
+		w.stamp()
+	}
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *idWriter) Write(b []byte) (int, error) {
+	if !w.wrote {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// FlushError lets http.ResponseController flush through the wrapper
+// (which also sends the headers, stamped, if nothing else has).
+func (w *idWriter) FlushError() error {
+	if !w.wrote {
+		w.WriteHeader(http.StatusOK)
+	}
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Flush is FlushError for callers that assert http.Flusher.
+func (w *idWriter) Flush() { _ = w.FlushError() }
+
+// Unwrap lets http.ResponseController reach the connection's writer (for
+// write deadlines).
+func (w *idWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func truncate(s string, n int) string {
 	if len(s) <= n {
