@@ -18,6 +18,10 @@ type Policy func(from, to transfer.Role, t transfer.MsgType) bool
 //	page, manifest, commit, heartbeat    prefill → decode
 //	committed                            decode → gateway, decode → prefill
 //	abort, abort_ack                     any role → any other role
+//	generate                             gateway → decode
+//	prefill                              gateway → prefill
+//	tokens                               decode → gateway
+//	result                               decode → gateway, prefill → gateway
 //
 // Nothing else is allowed, and nothing between two nodes of one role.
 func DefaultPolicy(from, to transfer.Role, t transfer.MsgType) bool {
@@ -41,6 +45,14 @@ func DefaultPolicy(from, to transfer.Role, t transfer.MsgType) bool {
 		return e == pair{d, g} || e == pair{d, p}
 	case transfer.MsgAbort, transfer.MsgAbortAck:
 		return from != to && known(from) && known(to)
+	case transfer.MsgGenerate:
+		return e == pair{g, d}
+	case transfer.MsgPrefill:
+		return e == pair{g, p}
+	case transfer.MsgTokens:
+		return e == pair{d, g}
+	case transfer.MsgResult:
+		return e == pair{d, g} || e == pair{p, g}
 	}
 	return false
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/pagewarden/pagewarden/internal/model"
 	"github.com/pagewarden/pagewarden/internal/request"
 	"github.com/pagewarden/pagewarden/internal/sched"
+	"github.com/pagewarden/pagewarden/internal/transfer"
 )
 
 // Options configure a Node. Zero values take the defaults noted.
@@ -50,6 +51,10 @@ type Options struct {
 	// changes, the scheduler re-reads the policy of every active tenant
 	// (nil: it never does). See sched.NodeConfig.PolicyGeneration.
 	PolicyGeneration func() uint64
+	// KeepModel leaves the model open on Close, for a model shared by
+	// several nodes of one process (the prefill and decode roles of
+	// `serve`); its owner closes it after every node.
+	KeepModel bool
 	// QuarantineReapAfter frees KV pages quarantined after an isolation
 	// violation once they have been quarantined this long (scrubbed
 	// first); 0 leaves them to the operator's ScrubQuarantined.
@@ -79,6 +84,7 @@ type Node struct {
 	pub   published
 
 	statsTimeout time.Duration
+	keepModel    bool
 	refreshMu    sync.Mutex // serialises refresh; guards the two below
 	refreshAt    time.Time  // when the loop last answered a refresh
 	pending      chan fullSnapshot
@@ -191,7 +197,7 @@ func Start(m *model.Model, o Options) (*Node, error) {
 		exec = o.wrapExecutor(exec)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	n := &Node{model: m, engine: eng, limits: capa.Limits, ctx: ctx, done: make(chan error, 1), cancel: cancel, statsTimeout: o.statsTimeout}
+	n := &Node{model: m, engine: eng, limits: capa.Limits, ctx: ctx, done: make(chan error, 1), cancel: cancel, statsTimeout: o.statsTimeout, keepModel: o.KeepModel}
 	// What metrics show until the loop's first turn: an empty pool.
 	n.pub = published{st: sched.NodeStats{Pool: kvcache.Stats{TotalPages: capa.Pages, FreePages: capa.Pages}}, at: time.Now()}
 	sn, err := sched.NewNode(sched.NodeConfig{
@@ -222,8 +228,10 @@ func (n *Node) Close() error {
 	n.cancel()
 	err := <-n.done
 	n.engine.Close()
-	if cerr := n.model.Close(); err == nil {
-		err = cerr
+	if !n.keepModel {
+		if cerr := n.model.Close(); err == nil {
+			err = cerr
+		}
 	}
 	if errors.Is(err, context.Canceled) {
 		err = nil
@@ -292,6 +300,15 @@ func (n *Node) EOS() int { return n.model.Tokenizer.EOS() }
 func (n *Node) IsEOG(id int) bool { return n.model.Tokenizer.IsEOG(id) }
 
 // Submit implements gateway.Backend.
+// Sched is the node's scheduler, for the handoff drivers (package disagg).
+func (n *Node) Sched() *sched.Node { return n.sched }
+
+// HandoffLayout is what a node must share with this one to exchange KV
+// pages with it: the model digest, the pool's layout and the window.
+func (n *Node) HandoffLayout() transfer.Layout {
+	return transfer.LayoutOf(n.engine.KV.Layout(), n.model.Digest, n.limits.MaxContext)
+}
+
 func (n *Node) Submit(ctx context.Context, p request.Params) (gateway.Stream, error) {
 	s, err := n.sched.Submit(ctx, p)
 	if err != nil {

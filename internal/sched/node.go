@@ -614,6 +614,13 @@ func (s *Stream) Export() (Export, bool) {
 	return *s.export, true
 }
 
+// Pending reports whether a token is ready for Recv without waiting.
+func (s *Stream) Pending() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.next < len(s.buf)
+}
+
 // Done is closed when the request reached its terminal state.
 func (s *Stream) Done() <-chan struct{} { return s.done }
 

@@ -1,0 +1,166 @@
+package disagg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/pagewarden/pagewarden/internal/link"
+	"github.com/pagewarden/pagewarden/internal/model"
+	"github.com/pagewarden/pagewarden/internal/node"
+	"github.com/pagewarden/pagewarden/internal/transfer"
+)
+
+// LocalConfig configures a cluster in one process.
+type LocalConfig struct {
+	Prefill, Decode int          // nodes of each role (default 1 each)
+	Node            node.Options // every node's options (KeepModel is set)
+	Logger          *slog.Logger
+	Decoder         DecodeConfig  // leases and timeouts (Sched, Layout, Transport are set)
+	Prefiller       PrefillConfig // heartbeats and timeouts (likewise)
+
+	// wrap, set only by tests, wraps each node's transport (fault
+	// injection between the drivers and the link).
+	wrap func(name transfer.Peer, t link.Transport) link.Transport
+}
+
+// Local is a gateway's router, prefill and decode nodes in one process,
+// linked by link.Network: every message is framed, handshaken and
+// policed as between processes.
+type Local struct {
+	*Router
+	Prefills, Decodes []*node.Node
+	PrefillDrivers    []*Prefill
+	DecodeDrivers     []*Decode
+
+	model      *model.Model
+	transports []link.Transport
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup
+	errs       chan error
+	closeOnce  sync.Once
+	closeErr   error
+}
+
+// StartLocal builds and starts the cluster on m. It owns m from now on
+// and closes it in Close.
+func StartLocal(m *model.Model, cfg LocalConfig) (l *Local, err error) {
+	if cfg.Prefill <= 0 {
+		cfg.Prefill = 1
+	}
+	if cfg.Decode <= 0 {
+		cfg.Decode = 1
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	l = &Local{model: m, cancel: cancel, errs: make(chan error, cfg.Prefill+cfg.Decode+1)}
+	defer func() {
+		if err != nil {
+			l.Close()
+		}
+	}()
+	o := cfg.Node
+	o.KeepModel = true
+	nw := link.NewNetwork()
+	join := func(name transfer.Peer, role transfer.Role, layout transfer.Layout) (link.Transport, error) {
+		t, err := nw.Join(transfer.NewHello(name, role, layout), link.Options{Logger: cfg.Logger})
+		if err != nil {
+			return nil, err
+		}
+		l.transports = append(l.transports, t)
+		var tr link.Transport = t
+		if cfg.wrap != nil {
+			tr = cfg.wrap(name, tr)
+		}
+		return tr, nil
+	}
+	var prefills, decodes []transfer.Peer
+	var layout transfer.Layout
+	for i := range cfg.Prefill + cfg.Decode {
+		n, err := node.Start(m, o)
+		if err != nil {
+			return nil, err
+		}
+		layout = n.HandoffLayout()
+		if i < cfg.Prefill {
+			name := transfer.Peer(fmt.Sprintf("prefill-%d", i))
+			l.Prefills = append(l.Prefills, n)
+			t, err := join(name, transfer.RolePrefill, layout)
+			if err != nil {
+				return nil, err
+			}
+			pc := cfg.Prefiller
+			pc.Sched, pc.Layout, pc.Transport, pc.Logger = n.Sched(), layout, t, cfg.Logger.With("node", name)
+			d, err := NewPrefill(pc)
+			if err != nil {
+				return nil, err
+			}
+			l.PrefillDrivers = append(l.PrefillDrivers, d)
+			l.run(func() error { return d.Run(ctx) })
+			prefills = append(prefills, name)
+			continue
+		}
+		name := transfer.Peer(fmt.Sprintf("decode-%d", i-cfg.Prefill))
+		l.Decodes = append(l.Decodes, n)
+		t, err := join(name, transfer.RoleDecode, layout)
+		if err != nil {
+			return nil, err
+		}
+		dc := cfg.Decoder
+		dc.Sched, dc.Layout, dc.Transport, dc.Logger = n.Sched(), layout, t, cfg.Logger.With("node", name)
+		d, err := NewDecode(dc)
+		if err != nil {
+			return nil, err
+		}
+		l.DecodeDrivers = append(l.DecodeDrivers, d)
+		l.run(func() error { return d.Run(ctx) })
+		decodes = append(decodes, name)
+	}
+	t, err := join("gateway", transfer.RoleGateway, layout)
+	if err != nil {
+		return nil, err
+	}
+	rt, err := NewRouter(RouterConfig{Vocabulary: l.Decodes[0], Transport: t, Prefill: prefills, Decode: decodes, Logger: cfg.Logger.With("node", "gateway")})
+	if err != nil {
+		return nil, err
+	}
+	l.Router = rt
+	l.run(func() error { return rt.Run(ctx) })
+	return l, nil
+}
+
+func (l *Local) run(f func() error) {
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		if err := f(); err != nil {
+			l.errs <- err
+		}
+	}()
+}
+
+// Close stops the drivers, the links and the nodes, then closes the model.
+func (l *Local) Close() error {
+	l.closeOnce.Do(func() {
+		var errs []error
+		l.cancel()
+		for _, t := range l.transports {
+			errs = append(errs, t.Close())
+		}
+		for _, n := range append(append([]*node.Node(nil), l.Prefills...), l.Decodes...) {
+			errs = append(errs, n.Close())
+		}
+		l.wg.Wait()
+		close(l.errs)
+		for err := range l.errs {
+			errs = append(errs, err)
+		}
+		errs = append(errs, l.model.Close())
+		l.closeErr = errors.Join(errs...)
+	})
+	return l.closeErr
+}

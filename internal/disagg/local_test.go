@@ -1,0 +1,205 @@
+package disagg
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pagewarden/pagewarden/internal/gateway"
+	"github.com/pagewarden/pagewarden/internal/kvcache"
+	"github.com/pagewarden/pagewarden/internal/model"
+	"github.com/pagewarden/pagewarden/internal/node"
+	"github.com/pagewarden/pagewarden/internal/request"
+)
+
+func nodeOptions() node.Options {
+	return node.Options{Threads: 1, KVMemory: 8 << 20, Scrub: kvcache.ScrubPoison, PageSize: 16}
+}
+
+func startLocal(t *testing.T, cfg LocalConfig) *Local {
+	t.Helper()
+	m, err := model.Load(model.BuiltinPrefix+"tiny", model.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Node.KVMemory == 0 {
+		cfg.Node = nodeOptions()
+	}
+	l, err := StartLocal(m, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	return l
+}
+
+func startSingle(t *testing.T) *node.Node {
+	t.Helper()
+	m, err := model.Load(model.BuiltinPrefix+"tiny", model.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := node.Start(m, nodeOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n
+}
+
+type outcome struct {
+	tokens []int
+	res    request.Result
+}
+
+// run submits p and collects its tokens and result, checking owners and
+// indexes.
+func run(t *testing.T, b gateway.Backend, p request.Params) outcome {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st, err := b.Submit(ctx, p)
+	if err != nil {
+		return outcome{res: request.Result{Reason: request.FinishError, Err: err}}
+	}
+	var o outcome
+	for tok := range st.Tokens() {
+		if tok.Owner != p.Owner || tok.Index != len(o.tokens) {
+			t.Fatalf("token %+v on the stream of %v after %d tokens", tok, p.Owner, len(o.tokens))
+		}
+		o.tokens = append(o.tokens, tok.ID)
+	}
+	o.res = st.Result()
+	return o
+}
+
+func params(tenant string, prompt []int, maxTokens int) request.Params {
+	return request.Params{Owner: request.Owner{Tenant: request.Tenant(tenant), ID: request.NewID()}, Prompt: prompt, MaxTokens: maxTokens}
+}
+
+func prompts(t *testing.T, b gateway.Backend) [][]int {
+	t.Helper()
+	var out [][]int
+	for _, text := range []string{"Once", "Once upon a time there was a little dog who", "The sun rose over the hills and the birds began to sing their morning songs while the farmer"} {
+		ids, err := b.Tokenize(text, true, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, ids)
+	}
+	// Prompts that end on a page boundary and one past it.
+	long := out[2]
+	for len(long) < 33 {
+		long = append(long, long[1:]...)
+	}
+	out = append(out, long[:16], long[:17], long[:32], long[:33])
+	return out
+}
+
+// TestDisaggregatedMatchesSingleNode: greedy output through gateway →
+// decode (reserve) → prefill (prompt, handoff) → decode (commit, decode)
+// is token-identical to one node computing everything, with the same
+// usage; and every page comes back on every node.
+func TestDisaggregatedMatchesSingleNode(t *testing.T) {
+	single := startSingle(t)
+	l := startLocal(t, LocalConfig{})
+	for i, prompt := range prompts(t, single) {
+		for _, maxTokens := range []int{1, 2, 24} {
+			p := params("acme", prompt, maxTokens)
+			want := run(t, single, p)
+			p.Owner.ID = request.NewID()
+			got := run(t, l, p)
+			if !want.res.Reason.Success() || got.res.Reason != want.res.Reason {
+				t.Fatalf("prompt %d, max %d: reason %v (%v), single node %v (%v)", i, maxTokens, got.res.Reason, got.res.Err, want.res.Reason, want.res.Err)
+			}
+			if fmt.Sprint(got.tokens) != fmt.Sprint(want.tokens) {
+				t.Fatalf("prompt %d, max %d:\n got %v\nwant %v", i, maxTokens, got.tokens, want.tokens)
+			}
+			if got.res.Usage != want.res.Usage {
+				t.Fatalf("prompt %d, max %d: usage %+v, single node %+v", i, maxTokens, got.res.Usage, want.res.Usage)
+			}
+		}
+	}
+	checkBaseline(t, l)
+}
+
+// TestDisaggregatedConcurrentTenants: many requests of several tenants at
+// once, seeded sampling included, each identical to its single-node run.
+func TestDisaggregatedConcurrentTenants(t *testing.T) {
+	single := startSingle(t)
+	l := startLocal(t, LocalConfig{Prefill: 2, Decode: 2})
+	ps := prompts(t, single)
+	type job struct {
+		p    request.Params
+		want outcome
+	}
+	var jobs []job
+	for i := range 12 {
+		p := params(fmt.Sprintf("tenant-%d", i%3), ps[i%len(ps)], 8+i)
+		if i%2 == 1 {
+			p.Sampling = request.Sampling{Temperature: 0.9, TopP: 0.95, Seed: uint64(i)}
+		}
+		want := run(t, single, p)
+		p.Owner.ID = request.NewID()
+		jobs = append(jobs, job{p, want})
+	}
+	var wg sync.WaitGroup
+	errs := make(chan string, len(jobs))
+	for _, j := range jobs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got := run(t, l, j.p)
+			if got.res.Reason != j.want.res.Reason || fmt.Sprint(got.tokens) != fmt.Sprint(j.want.tokens) {
+				errs <- fmt.Sprintf("%v: %v %v, want %v %v (%v)", j.p.Owner, got.res.Reason, got.tokens, j.want.res.Reason, j.want.tokens, got.res.Err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+	checkBaseline(t, l)
+}
+
+// checkBaseline waits until every node's pool is back to all free (or
+// cached) with nothing quarantined, and no request is left anywhere.
+func checkBaseline(t *testing.T, l *Local) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		bad := ""
+		for i, n := range append(append([]*node.Node(nil), l.Prefills...), l.Decodes...) {
+			st, err := n.Stats(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			ps := st.Pool
+			if ps.FreePages+ps.CachedPages != ps.TotalPages || ps.Sequences != 0 || ps.QuarantinedPages != 0 || st.Core.Running != 0 || st.Core.Queued != 0 {
+				bad = fmt.Sprintf("node %d: pool %+v, core %+v", i, ps, st.Core)
+			}
+			if st.Pool.Violations != 0 {
+				t.Fatalf("node %d: %d isolation violations", i, st.Pool.Violations)
+			}
+		}
+		l.Router.mu.Lock()
+		if n := len(l.Router.calls); n != 0 {
+			bad = fmt.Sprintf("%d requests left at the router", n)
+		}
+		l.Router.mu.Unlock()
+		if bad == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(bad)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,449 @@
+package disagg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pagewarden/pagewarden/internal/gateway"
+	"github.com/pagewarden/pagewarden/internal/link"
+	"github.com/pagewarden/pagewarden/internal/request"
+	"github.com/pagewarden/pagewarden/internal/transfer"
+)
+
+// Vocabulary is what the gateway needs of the model without running it:
+// the tokenizer, the chat template and the served limits.
+type Vocabulary interface {
+	ModelID() string
+	Limits() gateway.Limits
+	Tokenize(text string, addSpecial, parseSpecial bool) ([]int, error)
+	Detokenize(ids []int) (string, error)
+	TokenPiece(id int) []byte
+	ChatTemplate() string
+	BOS() int
+	EOS() int
+	IsEOG(id int) bool
+}
+
+// RouterConfig configures the gateway's side.
+type RouterConfig struct {
+	Vocabulary Vocabulary
+	Transport  link.Transport
+	// Prefill and Decode name the nodes requests are sent through.
+	Prefill, Decode []transfer.Peer
+	// AbortWait bounds how long an aborted request waits for its decode
+	// node's result before it is ended here (default 5s).
+	AbortWait time.Duration
+	Logger    *slog.Logger
+}
+
+// RouterStats are the router's counters.
+type RouterStats struct {
+	Submitted, Committed, Succeeded, Failed uint64
+	// HandoffFailures counts requests that ended on an aborted or reaped
+	// handoff, by reason.
+	HandoffFailures map[string]uint64
+	// Refused counts messages that did not fit the request they named
+	// (wrong sender, owner or index): each ends its request with an error.
+	Refused uint64
+}
+
+// Router is a gateway.Backend that runs every request through a decode
+// node (reservation, decoding) and a prefill node (the prompt).
+type Router struct {
+	Vocabulary
+	cfg RouterConfig
+	log *slog.Logger
+
+	mu      sync.Mutex
+	calls   map[request.Owner]*call
+	next    int                   // round robin over decode nodes
+	load    map[transfer.Peer]int // requests in flight per prefill node
+	fails   map[string]uint64
+	stopped bool
+
+	submitted, committed, succeeded, failed, refused atomic.Uint64
+	done                                             chan struct{}
+}
+
+var _ gateway.Backend = (*Router)(nil)
+
+// NewRouter builds a router; Run must be running for requests to progress.
+func NewRouter(cfg RouterConfig) (*Router, error) {
+	if cfg.Vocabulary == nil || cfg.Transport == nil || len(cfg.Prefill) == 0 || len(cfg.Decode) == 0 {
+		return nil, errors.New("disagg: a router needs a vocabulary, a transport and at least one prefill and one decode node")
+	}
+	if cfg.AbortWait <= 0 {
+		cfg.AbortWait = 5 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Router{
+		Vocabulary: cfg.Vocabulary, cfg: cfg, log: cfg.Logger,
+		calls: make(map[request.Owner]*call), load: make(map[transfer.Peer]int), fails: make(map[string]uint64),
+		done: make(chan struct{}),
+	}, nil
+}
+
+// Stats returns the router's counters.
+func (rt *Router) Stats() RouterStats {
+	rt.mu.Lock()
+	f := make(map[string]uint64, len(rt.fails))
+	for k, v := range rt.fails {
+		f[k] = v
+	}
+	rt.mu.Unlock()
+	return RouterStats{Submitted: rt.submitted.Load(), Committed: rt.committed.Load(), Succeeded: rt.succeeded.Load(),
+		Failed: rt.failed.Load(), Refused: rt.refused.Load(), HandoffFailures: f}
+}
+
+// call is one request in flight through the cluster.
+type call struct {
+	rt      *Router
+	owner   request.Owner
+	params  request.Params
+	epoch   uint64
+	decode  transfer.Peer
+	prefill transfer.Peer
+	tried   int // decode nodes tried
+
+	tokens chan request.Token
+
+	// Guarded by rt.mu.
+	ref       transfer.Ref // with the decode node's reservation id, once granted
+	granted   bool
+	committed bool
+	next      int // index of the next token expected
+	ended     bool
+	res       request.Result
+	doneCh    chan struct{}
+	abortOnce sync.Once
+}
+
+func (c *call) Tokens() <-chan request.Token { return c.tokens }
+
+func (c *call) Result() request.Result {
+	<-c.doneCh
+	return c.res
+}
+
+// Submit sends p to a decode node for a reservation; the rest happens as
+// answers arrive (Run).
+func (rt *Router) Submit(ctx context.Context, p request.Params) (gateway.Stream, error) {
+	if p.Owner.ID.IsZero() {
+		p.Owner.ID = request.NewID()
+	}
+	c := &call{rt: rt, owner: p.Owner, params: p, tokens: make(chan request.Token, 64), doneCh: make(chan struct{})}
+	rt.mu.Lock()
+	if rt.stopped {
+		rt.mu.Unlock()
+		return nil, request.ErrShuttingDown
+	}
+	if _, dup := rt.calls[p.Owner]; dup {
+		rt.mu.Unlock()
+		return nil, fmt.Errorf("%w: duplicate request id", request.ErrInternal)
+	}
+	rt.calls[p.Owner] = c
+	c.prefill = rt.pickPrefill()
+	rt.load[c.prefill]++
+	rt.mu.Unlock()
+	rt.submitted.Add(1)
+	if err := rt.reserve(ctx, c); err != nil {
+		rt.end(c, request.Result{Owner: p.Owner, Reason: request.FinishError, Err: err})
+		return nil, err
+	}
+	context.AfterFunc(ctx, func() { rt.abort(c, request.ErrAborted) })
+	return c, nil
+}
+
+// pickPrefill is the prefill node with the fewest requests in flight.
+// Called with rt.mu held.
+func (rt *Router) pickPrefill() transfer.Peer {
+	best := rt.cfg.Prefill[0]
+	for _, p := range rt.cfg.Prefill[1:] {
+		if rt.load[p] < rt.load[best] {
+			best = p
+		}
+	}
+	return best
+}
+
+// reserve sends the request to the next decode node (a new epoch per try).
+func (rt *Router) reserve(ctx context.Context, c *call) error {
+	rt.mu.Lock()
+	c.decode = rt.cfg.Decode[rt.next%len(rt.cfg.Decode)]
+	rt.next++
+	c.tried++
+	c.epoch++
+	c.ref = transfer.Ref{Owner: c.owner, Epoch: c.epoch}
+	rt.mu.Unlock()
+	job := transfer.JobOf(c.params)
+	m := &transfer.Generate{Reserve: transfer.Reserve{Owner: c.owner, Epoch: c.epoch, PromptTokens: len(job.Prompt), MaxNewTokens: job.MaxTokens, Sender: c.prefill}, Job: job}
+	if err := rt.cfg.Transport.Send(ctx, c.decode, m); err != nil {
+		return fmt.Errorf("%w: decode node %s: %v", request.ErrOverloaded, c.decode, err)
+	}
+	return nil
+}
+
+// Abort ends tenant's request id.
+func (rt *Router) Abort(tenant request.Tenant, id request.ID) error {
+	rt.mu.Lock()
+	c := rt.calls[request.Owner{Tenant: tenant, ID: id}]
+	rt.mu.Unlock()
+	if c == nil {
+		return request.ErrNotFound
+	}
+	rt.abort(c, request.ErrAborted)
+	return nil
+}
+
+// abort tells the nodes holding state for c to end it, and ends c here if
+// the decode node's result does not come in time.
+func (rt *Router) abort(c *call, cause error) {
+	c.abortOnce.Do(func() {
+		rt.mu.Lock()
+		if c.ended {
+			rt.mu.Unlock()
+			return
+		}
+		ref, granted, decode, prefill := c.ref, c.granted, c.decode, c.prefill
+		rt.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.AbortWait)
+		defer cancel()
+		ab := &transfer.Abort{Ref: ref, Reason: transfer.ReasonAborted}
+		_ = rt.cfg.Transport.Send(ctx, decode, ab)
+		if granted {
+			_ = rt.cfg.Transport.Send(ctx, prefill, ab)
+		}
+		go func() {
+			t := time.NewTimer(rt.cfg.AbortWait)
+			defer t.Stop()
+			select {
+			case <-c.doneCh:
+			case <-t.C:
+				rt.end(c, request.Result{Owner: c.owner, Reason: request.FinishAbort, Err: cause})
+			}
+		}()
+	})
+}
+
+// end records c's single result and closes its stream.
+func (rt *Router) end(c *call, res request.Result) {
+	rt.mu.Lock()
+	if c.ended {
+		rt.mu.Unlock()
+		return
+	}
+	c.ended = true
+	res.Owner = c.owner
+	if res.Usage.PromptTokens == 0 {
+		res.Usage.PromptTokens = len(c.params.Prompt)
+	}
+	c.res = res
+	delete(rt.calls, c.owner)
+	rt.load[c.prefill]--
+	rt.mu.Unlock()
+	if res.Reason.Success() {
+		rt.succeeded.Add(1)
+	} else {
+		rt.failed.Add(1)
+	}
+	close(c.tokens)
+	close(c.doneCh)
+}
+
+// Run routes what the nodes send to the requests it concerns, until ctx
+// ends; then it ends every request still in flight.
+func (rt *Router) Run(ctx context.Context) error {
+	defer close(rt.done)
+	inbox := rt.cfg.Transport.Inbox()
+	for {
+		select {
+		case <-ctx.Done():
+			rt.shutdown()
+			return nil
+		case in, ok := <-inbox:
+			if !ok {
+				rt.shutdown()
+				return nil
+			}
+			rt.inbound(ctx, in)
+		}
+	}
+}
+
+func (rt *Router) shutdown() {
+	rt.mu.Lock()
+	rt.stopped = true
+	calls := make([]*call, 0, len(rt.calls))
+	for _, c := range rt.calls {
+		calls = append(calls, c)
+	}
+	rt.mu.Unlock()
+	for _, c := range calls {
+		rt.end(c, request.Result{Reason: request.FinishAbort, Err: request.ErrShuttingDown})
+	}
+}
+
+// owned returns the call a message names, checking that it came from the
+// node the call uses for it.
+func (rt *Router) owned(from transfer.Peer, ref transfer.Ref, fromDecode bool) *call {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	c := rt.calls[ref.Owner]
+	if c == nil || c.ended || ref.Epoch != c.epoch {
+		return nil
+	}
+	want := c.prefill
+	if fromDecode {
+		want = c.decode
+	}
+	if from != want {
+		rt.refused.Add(1)
+		rt.log.Warn("message from a node the request does not use", "from", from, "owner", ref.Owner, "want", want)
+		return nil
+	}
+	if c.granted && !ref.ID.IsZero() && ref.ID != c.ref.ID {
+		rt.refused.Add(1)
+		rt.log.Warn("message for another reservation", "from", from, "ref", ref, "have", c.ref)
+		return nil
+	}
+	return c
+}
+
+func (rt *Router) inbound(ctx context.Context, in link.Inbound) {
+	from := in.From.Name
+	if in.Down != nil {
+		rt.peerDown(from, in.Down)
+		return
+	}
+	switch m := in.Msg.(type) {
+	case *transfer.Grant:
+		c := rt.owned(from, m.Ref, true)
+		if c == nil {
+			return
+		}
+		rt.mu.Lock()
+		c.ref, c.granted = m.Ref, true
+		rt.mu.Unlock()
+		job := transfer.JobOf(c.params)
+		if err := rt.cfg.Transport.Send(ctx, c.prefill, &transfer.Prefill{Grant: *m, Decode: c.decode, Job: job}); err != nil {
+			rt.fail(c, fmt.Errorf("%w: prefill node %s: %v", request.ErrOverloaded, c.prefill, err), transfer.ReasonNone)
+			_ = rt.cfg.Transport.Send(ctx, c.decode, &transfer.Abort{Ref: m.Ref, Reason: transfer.ReasonPrefillFailed})
+		}
+	case *transfer.Committed:
+		if c := rt.owned(from, m.Ref, true); c != nil {
+			rt.mu.Lock()
+			c.committed = true
+			rt.mu.Unlock()
+			rt.committed.Add(1)
+		}
+	case *transfer.Tokens:
+		c := rt.owned(from, m.Ref, true)
+		if c == nil {
+			return
+		}
+		rt.mu.Lock()
+		ok := c.committed && m.Start == c.next
+		if ok {
+			c.next += len(m.IDs)
+		}
+		rt.mu.Unlock()
+		if !ok {
+			// Tokens before the commit, or out of order: never relayed.
+			rt.refused.Add(1)
+			rt.fail(c, fmt.Errorf("%w: tokens %d.. from %s (committed %v)", request.ErrInternal, m.Start, from, c.committed), transfer.ReasonNone)
+			rt.abort(c, request.ErrInternal)
+			return
+		}
+		for i, id := range m.IDs {
+			select {
+			case c.tokens <- request.Token{Owner: c.owner, Index: m.Start + i, ID: id}:
+			case <-c.doneCh:
+				return
+			}
+		}
+	case *transfer.Result:
+		c := rt.owned(from, m.Ref, true)
+		if c == nil {
+			return
+		}
+		if !c.granted && m.Code == transfer.CodeOverloaded && c.tried < len(rt.cfg.Decode) {
+			// No room there now: try the next decode node.
+			if err := rt.reserve(ctx, c); err == nil {
+				return
+			}
+		}
+		res := request.Result{Reason: m.Reason, Usage: m.Usage}
+		if !m.Reason.Success() {
+			res.Err = m.Code.Err()
+			if m.Code == transfer.CodeHandoff {
+				res.Err = fmt.Errorf("%w: handoff failed: %v", request.ErrInternal, m.Handoff)
+				rt.countFailure(m.Handoff)
+			}
+		} else if !c.committed {
+			// Success without a commit cannot be: never answer 200 for it.
+			rt.refused.Add(1)
+			res = request.Result{Reason: request.FinishError, Err: fmt.Errorf("%w: result before the handoff committed", request.ErrInternal)}
+		}
+		res.Usage.PromptTokens = len(c.params.Prompt)
+		rt.end(c, res)
+	case *transfer.Abort:
+		_ = rt.cfg.Transport.Send(ctx, from, &transfer.AbortAck{Ref: m.Ref, Drained: true})
+		rt.mu.Lock()
+		c := rt.calls[m.Owner]
+		rt.mu.Unlock()
+		if c == nil || (from != c.decode && from != c.prefill) || m.Epoch != c.epoch {
+			return
+		}
+		rt.countFailure(m.Reason)
+		rt.fail(c, fmt.Errorf("%w: handoff aborted by %s: %v", request.ErrInternal, from, m.Reason), m.Reason)
+	case *transfer.AbortAck:
+	default:
+		rt.log.Warn("unexpected message at the gateway", "from", from, "type", in.Msg.Type())
+	}
+}
+
+// fail ends c with an error (the decode node's result, if it still comes,
+// is ignored).
+func (rt *Router) fail(c *call, err error, reason transfer.Reason) {
+	if errors.Is(err, request.ErrAborted) || reason == transfer.ReasonAborted {
+		rt.end(c, request.Result{Reason: request.FinishAbort, Err: fmt.Errorf("%w: %w", request.ErrAborted, err)})
+		return
+	}
+	rt.end(c, request.Result{Reason: request.FinishError, Err: err})
+}
+
+func (rt *Router) countFailure(r transfer.Reason) {
+	rt.mu.Lock()
+	rt.fails[r.String()]++
+	rt.mu.Unlock()
+}
+
+// peerDown ends every request that depends on node: all of a decode
+// node's, and a prefill node's that have not committed.
+func (rt *Router) peerDown(node transfer.Peer, cause error) {
+	rt.mu.Lock()
+	var hit []*call
+	for _, c := range rt.calls {
+		if c.decode == node || (c.prefill == node && !c.committed) {
+			hit = append(hit, c)
+		}
+	}
+	rt.mu.Unlock()
+	if len(hit) > 0 {
+		rt.log.Warn("node down; failing its requests", "node", node, "requests", len(hit), "err", cause)
+	}
+	for _, c := range hit {
+		rt.fail(c, fmt.Errorf("%w: node %s went down: %v", request.ErrInternal, node, cause), transfer.ReasonNone)
+		if c.prefill == node {
+			// The decode node still holds a reservation for it.
+			_ = rt.cfg.Transport.Send(context.Background(), c.decode, &transfer.Abort{Ref: c.ref, Reason: transfer.ReasonPrefillFailed})
+		}
+	}
+}
