@@ -122,12 +122,13 @@ func (d *Decode) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			for _, r := range d.byOw {
-				r.cancel()
-			}
+			d.stop()
 			return nil
 		case in, ok := <-inbox:
 			if !ok {
+				// The link is gone: nobody can send the pages or take the
+				// tokens. End everything, which frees every page.
+				d.stop()
 				return nil
 			}
 			d.inbound(ctx, in)
@@ -137,6 +138,13 @@ func (d *Decode) Run(ctx context.Context) error {
 			d.recv.Tick(transfer.Time(now.UnixNano()))
 		}
 		d.effects(ctx)
+	}
+}
+
+// stop ends every request the driver started.
+func (d *Decode) stop() {
+	for _, r := range d.byOw {
+		r.cancel()
 	}
 }
 

@@ -104,12 +104,11 @@ func (p *Prefill) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			for _, j := range p.jobs {
-				j.cancel()
-			}
+			p.stop()
 			return nil
 		case in, ok := <-inbox:
 			if !ok {
+				p.stop()
 				return nil
 			}
 			p.inbound(ctx, in)
@@ -119,6 +118,13 @@ func (p *Prefill) Run(ctx context.Context) error {
 			p.send.Tick(transfer.Time(now.UnixNano()))
 		}
 		p.effects(ctx)
+	}
+}
+
+// stop ends every prefill the driver started.
+func (p *Prefill) stop() {
+	for _, j := range p.jobs {
+		j.cancel()
 	}
 }
 

@@ -112,7 +112,12 @@ type call struct {
 	prefill transfer.Peer
 	tried   int // decode nodes tried
 
+	// Tokens wait in buf until the pump hands them to the tokens channel:
+	// the router's loop never blocks on a slow client (buf is bounded by
+	// max_tokens, which the decode node enforces).
 	tokens chan request.Token
+	buf    []request.Token // guarded by rt.mu
+	notify chan struct{}
 
 	// Guarded by rt.mu.
 	ref       transfer.Ref // with the decode node's reservation id, once granted
@@ -135,10 +140,13 @@ func (c *call) Result() request.Result {
 // Submit sends p to a decode node for a reservation; the rest happens as
 // answers arrive (Run).
 func (rt *Router) Submit(ctx context.Context, p request.Params) (gateway.Stream, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	if p.Owner.ID.IsZero() {
 		p.Owner.ID = request.NewID()
 	}
-	c := &call{rt: rt, owner: p.Owner, params: p, tokens: make(chan request.Token, 64), doneCh: make(chan struct{})}
+	c := &call{rt: rt, owner: p.Owner, params: p, tokens: make(chan request.Token, 16), notify: make(chan struct{}, 1), doneCh: make(chan struct{})}
 	rt.mu.Lock()
 	if rt.stopped {
 		rt.mu.Unlock()
@@ -153,12 +161,51 @@ func (rt *Router) Submit(ctx context.Context, p request.Params) (gateway.Stream,
 	rt.load[c.prefill]++
 	rt.mu.Unlock()
 	rt.submitted.Add(1)
-	if err := rt.reserve(ctx, c); err != nil {
+	if err := rt.reserve(c); err != nil {
 		rt.end(c, request.Result{Owner: p.Owner, Reason: request.FinishError, Err: err})
 		return nil, err
 	}
 	context.AfterFunc(ctx, func() { rt.abort(c, request.ErrAborted) })
+	go c.pump(ctx)
 	return c, nil
+}
+
+// pump moves tokens from buf to the tokens channel, and closes it once the
+// call ended and every token went out, or when the caller's context ends
+// (it stopped reading).
+func (c *call) pump(ctx context.Context) {
+	defer close(c.tokens)
+	for {
+		c.rt.mu.Lock()
+		batch := c.buf
+		c.buf = nil
+		ended := c.ended
+		c.rt.mu.Unlock()
+		for _, t := range batch {
+			select {
+			case c.tokens <- t:
+			case <-ctx.Done():
+				return
+			}
+		}
+		if ended && len(batch) == 0 {
+			return
+		}
+		if len(batch) == 0 {
+			select {
+			case <-c.notify:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}
+}
+
+func (c *call) wake() {
+	select {
+	case c.notify <- struct{}{}:
+	default:
+	}
 }
 
 // pickPrefill is the prefill node with the fewest requests in flight.
@@ -173,8 +220,13 @@ func (rt *Router) pickPrefill() transfer.Peer {
 	return best
 }
 
+// sendTimeout bounds a control message's wait for a slow link. It is not
+// the client's context: a client that leaves must not tear down a link
+// that other requests share (its request is aborted instead).
+const sendTimeout = 10 * time.Second
+
 // reserve sends the request to the next decode node (a new epoch per try).
-func (rt *Router) reserve(ctx context.Context, c *call) error {
+func (rt *Router) reserve(c *call) error {
 	rt.mu.Lock()
 	c.decode = rt.cfg.Decode[rt.next%len(rt.cfg.Decode)]
 	rt.next++
@@ -184,6 +236,8 @@ func (rt *Router) reserve(ctx context.Context, c *call) error {
 	rt.mu.Unlock()
 	job := transfer.JobOf(c.params)
 	m := &transfer.Generate{Reserve: transfer.Reserve{Owner: c.owner, Epoch: c.epoch, PromptTokens: len(job.Prompt), MaxNewTokens: job.MaxTokens, Sender: c.prefill}, Job: job}
+	ctx, cancel := context.WithTimeout(context.Background(), sendTimeout)
+	defer cancel()
 	if err := rt.cfg.Transport.Send(ctx, c.decode, m); err != nil {
 		return fmt.Errorf("%w: decode node %s: %v", request.ErrOverloaded, c.decode, err)
 	}
@@ -253,8 +307,8 @@ func (rt *Router) end(c *call, res request.Result) {
 	} else {
 		rt.failed.Add(1)
 	}
-	close(c.tokens)
 	close(c.doneCh)
+	c.wake()
 }
 
 // Run routes what the nodes send to the requests it concerns, until ctx
@@ -349,9 +403,12 @@ func (rt *Router) inbound(ctx context.Context, in link.Inbound) {
 			return
 		}
 		rt.mu.Lock()
-		ok := c.committed && m.Start == c.next
+		ok := c.committed && m.Start == c.next && !c.ended
 		if ok {
 			c.next += len(m.IDs)
+			for i, id := range m.IDs {
+				c.buf = append(c.buf, request.Token{Owner: c.owner, Index: m.Start + i, ID: id})
+			}
 		}
 		rt.mu.Unlock()
 		if !ok {
@@ -361,13 +418,7 @@ func (rt *Router) inbound(ctx context.Context, in link.Inbound) {
 			rt.abort(c, request.ErrInternal)
 			return
 		}
-		for i, id := range m.IDs {
-			select {
-			case c.tokens <- request.Token{Owner: c.owner, Index: m.Start + i, ID: id}:
-			case <-c.doneCh:
-				return
-			}
-		}
+		c.wake()
 	case *transfer.Result:
 		c := rt.owned(from, m.Ref, true)
 		if c == nil {
@@ -375,7 +426,7 @@ func (rt *Router) inbound(ctx context.Context, in link.Inbound) {
 		}
 		if !c.granted && m.Code == transfer.CodeOverloaded && c.tried < len(rt.cfg.Decode) {
 			// No room there now: try the next decode node.
-			if err := rt.reserve(ctx, c); err == nil {
+			if err := rt.reserve(c); err == nil {
 				return
 			}
 		}
