@@ -380,7 +380,9 @@ func TestFaultsFailClosed(t *testing.T) {
 	}
 }
 
-func killed(tc faultCase) bool { return tc.name == "prefill killed mid-transfer" || tc.name == "decode killed mid-transfer" }
+func killed(tc faultCase) bool {
+	return tc.name == "prefill killed mid-transfer" || tc.name == "decode killed mid-transfer"
+}
 
 // checkBaselineAlive is checkBaseline for the nodes that still have a link.
 func checkBaselineAlive(t *testing.T, l *Local, tc faultCase) {
