@@ -7,7 +7,6 @@ package node
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -70,6 +69,7 @@ type Options struct {
 // Node is a running all-in-one node. It implements gateway.Backend and
 // gateway.StatsSource.
 type Node struct {
+	Vocab  // what the gateway asks of the model: tokenizer, template, limits
 	model  *model.Model
 	engine *engine.Engine
 	sched  *sched.Node
@@ -197,7 +197,7 @@ func Start(m *model.Model, o Options) (*Node, error) {
 		exec = o.wrapExecutor(exec)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	n := &Node{model: m, engine: eng, limits: capa.Limits, ctx: ctx, done: make(chan error, 1), cancel: cancel, statsTimeout: o.statsTimeout, keepModel: o.KeepModel}
+	n := &Node{Vocab: NewVocab(m, capa.Limits), model: m, engine: eng, limits: capa.Limits, ctx: ctx, done: make(chan error, 1), cancel: cancel, statsTimeout: o.statsTimeout, keepModel: o.KeepModel}
 	// What metrics show until the loop's first turn: an empty pool.
 	n.pub = published{st: sched.NodeStats{Pool: kvcache.Stats{TotalPages: capa.Pages, FreePages: capa.Pages}}, at: time.Now()}
 	sn, err := sched.NewNode(sched.NodeConfig{
@@ -254,50 +254,6 @@ func (n *Node) Stats(ctx context.Context) (sched.NodeStats, error) { return n.sc
 func (n *Node) ScrubQuarantined(ctx context.Context) (int, error) {
 	return n.sched.ScrubQuarantined(ctx)
 }
-
-// ModelID implements gateway.Backend.
-func (n *Node) ModelID() string { return n.model.Name }
-
-// Limits implements gateway.Backend.
-func (n *Node) Limits() gateway.Limits {
-	return gateway.Limits{MaxContext: n.limits.MaxContext, MaxPromptTokens: n.limits.MaxPromptTokens, PageSize: n.limits.PageSize}
-}
-
-// Tokenize implements gateway.Backend.
-func (n *Node) Tokenize(text string, addSpecial, parseSpecial bool) ([]int, error) {
-	return n.model.Tokenizer.Encode(text, addSpecial, parseSpecial), nil
-}
-
-// Detokenize implements gateway.Backend.
-func (n *Node) Detokenize(ids []int) (string, error) {
-	v := n.model.Tokenizer.VocabSize()
-	for _, id := range ids {
-		if id < 0 || id >= v {
-			return "", fmt.Errorf("token id %d is outside the vocabulary (0..%d)", id, v-1)
-		}
-	}
-	return n.model.Tokenizer.Decode(ids), nil
-}
-
-// TokenPiece implements gateway.Backend.
-func (n *Node) TokenPiece(id int) []byte {
-	if id < 0 || id >= n.model.Tokenizer.VocabSize() {
-		return nil
-	}
-	return n.model.Tokenizer.Piece(id)
-}
-
-// ChatTemplate implements gateway.Backend.
-func (n *Node) ChatTemplate() string { return n.model.ChatTemplate }
-
-// BOS implements gateway.Backend.
-func (n *Node) BOS() int { return n.model.Tokenizer.BOS() }
-
-// EOS implements gateway.Backend.
-func (n *Node) EOS() int { return n.model.Tokenizer.EOS() }
-
-// IsEOG implements gateway.Backend.
-func (n *Node) IsEOG(id int) bool { return n.model.Tokenizer.IsEOG(id) }
 
 // Submit implements gateway.Backend.
 // Sched is the node's scheduler, for the handoff drivers (package disagg).

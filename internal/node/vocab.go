@@ -1,0 +1,81 @@
+package node
+
+import (
+	"fmt"
+
+	"github.com/pagewarden/pagewarden/internal/gateway"
+	"github.com/pagewarden/pagewarden/internal/kvcache"
+	"github.com/pagewarden/pagewarden/internal/model"
+	"github.com/pagewarden/pagewarden/internal/sched"
+	"github.com/pagewarden/pagewarden/internal/transfer"
+)
+
+// Vocab is what a gateway needs of a model without running it: its name,
+// tokenizer and chat template, and the limits it is served under. A Node
+// embeds one; a gateway in its own process builds one with Plan's limits.
+type Vocab struct {
+	model  *model.Model
+	limits sched.Limits
+}
+
+// NewVocab serves m's vocabulary under lim.
+func NewVocab(m *model.Model, lim sched.Limits) Vocab { return Vocab{model: m, limits: lim} }
+
+// ModelID implements gateway.Backend.
+func (v Vocab) ModelID() string { return v.model.Name }
+
+// Limits implements gateway.Backend.
+func (v Vocab) Limits() gateway.Limits {
+	return gateway.Limits{MaxContext: v.limits.MaxContext, MaxPromptTokens: v.limits.MaxPromptTokens, PageSize: v.limits.PageSize}
+}
+
+// Tokenize implements gateway.Backend.
+func (v Vocab) Tokenize(text string, addSpecial, parseSpecial bool) ([]int, error) {
+	return v.model.Tokenizer.Encode(text, addSpecial, parseSpecial), nil
+}
+
+// Detokenize implements gateway.Backend.
+func (v Vocab) Detokenize(ids []int) (string, error) {
+	n := v.model.Tokenizer.VocabSize()
+	for _, id := range ids {
+		if id < 0 || id >= n {
+			return "", fmt.Errorf("token id %d is outside the vocabulary (0..%d)", id, n-1)
+		}
+	}
+	return v.model.Tokenizer.Decode(ids), nil
+}
+
+// TokenPiece implements gateway.Backend.
+func (v Vocab) TokenPiece(id int) []byte {
+	if id < 0 || id >= v.model.Tokenizer.VocabSize() {
+		return nil
+	}
+	return v.model.Tokenizer.Piece(id)
+}
+
+// ChatTemplate implements gateway.Backend.
+func (v Vocab) ChatTemplate() string { return v.model.ChatTemplate }
+
+// BOS implements gateway.Backend.
+func (v Vocab) BOS() int { return v.model.Tokenizer.BOS() }
+
+// EOS implements gateway.Backend.
+func (v Vocab) EOS() int { return v.model.Tokenizer.EOS() }
+
+// IsEOG implements gateway.Backend.
+func (v Vocab) IsEOG(id int) bool { return v.model.Tokenizer.IsEOG(id) }
+
+// PlanHandoff is what a node started on m with o would advertise to its
+// peers, computed without allocating anything: the KV layout of the
+// handoff and the served limits. A gateway in its own process uses it to
+// handshake with the nodes (they must match exactly: I5).
+func PlanHandoff(m *model.Model, o Options) (transfer.Layout, sched.Limits, error) {
+	o = o.withDefaults()
+	capa, err := Plan(m, o)
+	if err != nil {
+		return transfer.Layout{}, sched.Limits{}, err
+	}
+	c := m.Config
+	kv := kvcache.Layout{Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, PageSize: o.PageSize, DType: o.KVType}
+	return transfer.LayoutOf(kv, m.Digest, capa.Limits.MaxContext), capa.Limits, nil
+}
