@@ -38,6 +38,10 @@ type RouterConfig struct {
 	// AbortWait bounds how long an aborted request waits for its decode
 	// node's result before it is ended here (default 5s).
 	AbortWait time.Duration
+	// DownFor is how long a node whose link went down (or could not be
+	// opened) is left out of rotation before it is tried again (default
+	// 5s).
+	DownFor time.Duration
 	Logger    *slog.Logger
 }
 
@@ -62,7 +66,8 @@ type Router struct {
 	mu      sync.Mutex
 	calls   map[request.Owner]*call
 	next    int                   // round robin over decode nodes
-	load    map[transfer.Peer]int // requests in flight per prefill node
+	load    map[transfer.Peer]int       // requests in flight per prefill node
+	down    map[transfer.Peer]time.Time // nodes out of rotation, until
 	fails   map[string]uint64
 	stopped bool
 
@@ -80,12 +85,15 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	if cfg.AbortWait <= 0 {
 		cfg.AbortWait = 5 * time.Second
 	}
+	if cfg.DownFor <= 0 {
+		cfg.DownFor = 5 * time.Second
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Router{
 		Vocabulary: cfg.Vocabulary, cfg: cfg, log: cfg.Logger,
-		calls: make(map[request.Owner]*call), load: make(map[transfer.Peer]int), fails: make(map[string]uint64),
+		calls: make(map[request.Owner]*call), load: make(map[transfer.Peer]int), down: make(map[transfer.Peer]time.Time), fails: make(map[string]uint64),
 		done: make(chan struct{}),
 	}, nil
 }
@@ -208,16 +216,40 @@ func (c *call) wake() {
 	}
 }
 
-// pickPrefill is the prefill node with the fewest requests in flight.
+// pickPrefill is the prefill node in rotation with the fewest requests in
+// flight (any node when none is in rotation: it may have come back).
 // Called with rt.mu held.
 func (rt *Router) pickPrefill() transfer.Peer {
-	best := rt.cfg.Prefill[0]
-	for _, p := range rt.cfg.Prefill[1:] {
-		if rt.load[p] < rt.load[best] {
+	var best transfer.Peer
+	for _, p := range rt.cfg.Prefill {
+		if rt.isDown(p) {
+			continue
+		}
+		if best == "" || rt.load[p] < rt.load[best] {
 			best = p
 		}
 	}
+	if best == "" {
+		best = rt.cfg.Prefill[rt.next%len(rt.cfg.Prefill)]
+	}
 	return best
+}
+
+// isDown reports whether node is out of rotation. Called with rt.mu held.
+func (rt *Router) isDown(node transfer.Peer) bool {
+	until, ok := rt.down[node]
+	if ok && time.Now().After(until) {
+		delete(rt.down, node)
+		return false
+	}
+	return ok
+}
+
+// markDown takes node out of rotation for DownFor.
+func (rt *Router) markDown(node transfer.Peer) {
+	rt.mu.Lock()
+	rt.down[node] = time.Now().Add(rt.cfg.DownFor)
+	rt.mu.Unlock()
 }
 
 // sendTimeout bounds a control message's wait for a slow link. It is not
@@ -228,8 +260,13 @@ const sendTimeout = 10 * time.Second
 // reserve sends the request to the next decode node (a new epoch per try).
 func (rt *Router) reserve(c *call) error {
 	rt.mu.Lock()
-	c.decode = rt.cfg.Decode[rt.next%len(rt.cfg.Decode)]
-	rt.next++
+	for range rt.cfg.Decode {
+		c.decode = rt.cfg.Decode[rt.next%len(rt.cfg.Decode)]
+		rt.next++
+		if !rt.isDown(c.decode) {
+			break
+		}
+	}
 	c.tried++
 	c.epoch++
 	c.ref = transfer.Ref{Owner: c.owner, Epoch: c.epoch}
@@ -239,6 +276,10 @@ func (rt *Router) reserve(c *call) error {
 	ctx, cancel := context.WithTimeout(context.Background(), sendTimeout)
 	defer cancel()
 	if err := rt.cfg.Transport.Send(ctx, c.decode, m); err != nil {
+		rt.markDown(c.decode)
+		if c.tried < len(rt.cfg.Decode) {
+			return rt.reserve(c)
+		}
 		return fmt.Errorf("%w: decode node %s: %v", request.ErrOverloaded, c.decode, err)
 	}
 	return nil
@@ -387,6 +428,7 @@ func (rt *Router) inbound(ctx context.Context, in link.Inbound) {
 		rt.mu.Unlock()
 		job := transfer.JobOf(c.params)
 		if err := rt.cfg.Transport.Send(ctx, c.prefill, &transfer.Prefill{Grant: *m, Decode: c.decode, Job: job}); err != nil {
+			rt.markDown(c.prefill)
 			rt.fail(c, fmt.Errorf("%w: prefill node %s: %v", request.ErrOverloaded, c.prefill, err), transfer.ReasonNone)
 			_ = rt.cfg.Transport.Send(ctx, c.decode, &transfer.Abort{Ref: m.Ref, Reason: transfer.ReasonPrefillFailed})
 		}
@@ -479,6 +521,7 @@ func (rt *Router) countFailure(r transfer.Reason) {
 // peerDown ends every request that depends on node: all of a decode
 // node's, and a prefill node's that have not committed.
 func (rt *Router) peerDown(node transfer.Peer, cause error) {
+	rt.markDown(node)
 	rt.mu.Lock()
 	var hit []*call
 	for _, c := range rt.calls {
