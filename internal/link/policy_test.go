@@ -28,6 +28,11 @@ func TestDefaultPolicy(t *testing.T) {
 		{p, d, transfer.MsgHeartbeat}: true,
 		{d, g, transfer.MsgCommitted}: true,
 		{d, p, transfer.MsgCommitted}: true,
+		{g, d, transfer.MsgGenerate}:  true,
+		{g, p, transfer.MsgPrefill}:   true,
+		{d, g, transfer.MsgTokens}:    true,
+		{d, g, transfer.MsgResult}:    true,
+		{p, g, transfer.MsgResult}:    true,
 	}
 	roles := []transfer.Role{g, p, d}
 	for _, from := range roles {
@@ -41,7 +46,7 @@ func TestDefaultPolicy(t *testing.T) {
 	n := 0
 	for from := transfer.Role(0); from <= d+1; from++ {
 		for to := transfer.Role(0); to <= d+1; to++ {
-			for mt := transfer.MsgType(0); mt <= transfer.MsgHeartbeat+1; mt++ {
+			for mt := transfer.MsgType(0); mt <= transfer.MsgResult+1; mt++ {
 				want := allowed[edge{from, to, mt}]
 				if got := DefaultPolicy(from, to, mt); got != want {
 					t.Errorf("DefaultPolicy(%v → %v, %v) = %v, want %v", from, to, mt, got, want)
