@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -45,6 +46,11 @@ type hop struct {
 func handoffHops() []hop {
 	ref := testRef()
 	l := testLayout()
+	job := transfer.Job{
+		Prompt: []int{1, 200, 3, 1<<31 - 1}, MaxTokens: 30,
+		Sampling:   request.Sampling{Temperature: 0.7, TopK: 40, TopP: 0.9, MinP: 0.05, RepetitionPenalty: 1.1, Seed: 1<<64 - 1},
+		StopTokens: []int{2, 7}, CacheSalt: "salt", Priority: -3,
+	}
 	return []hop{
 		{gw, dc, &transfer.Reserve{Owner: ref.Owner, Epoch: ref.Epoch, PromptTokens: 40, MaxNewTokens: 8, Sender: pf}},
 		{dc, gw, &transfer.Grant{Ref: ref, PageCount: 3, PromptTokens: 40, MaxNewTokens: 8, LeaseTTL: 5 * transfer.Second}},
@@ -65,6 +71,12 @@ func handoffHops() []hop {
 		{gw, pf, &transfer.AbortAck{Ref: ref, Drained: true}},
 		{gw, pf, &transfer.Abort{Ref: ref, Reason: transfer.ReasonShutdown}},
 		{pf, gw, &transfer.AbortAck{Ref: ref, Drained: true}},
+		// The request plane.
+		{gw, dc, &transfer.Generate{Reserve: transfer.Reserve{Owner: ref.Owner, Epoch: ref.Epoch, PromptTokens: 4, MaxNewTokens: 30, Sender: pf}, Job: job}},
+		{gw, pf, &transfer.Prefill{Grant: transfer.Grant{Ref: ref, PageCount: 1, PromptTokens: 4, MaxNewTokens: 30, LeaseTTL: transfer.Second}, Decode: dc, Job: job}},
+		{dc, gw, &transfer.Tokens{Ref: ref, Start: 17, IDs: []int{0, 5, 1<<31 - 1}}},
+		{dc, gw, &transfer.Result{Ref: ref, Reason: request.FinishStop, Usage: request.Usage{PromptTokens: 4, CompletionTokens: 9, CachedTokens: 2}}},
+		{pf, gw, &transfer.Result{Ref: ref, Reason: request.FinishError, Code: transfer.CodeHandoff, Handoff: transfer.ReasonPageCountMismatch}},
 	}
 }
 
@@ -90,7 +102,7 @@ func TestRoundTrip(t *testing.T) {
 				}
 				seen[h.msg.Type()] = true
 			}
-			for mt := transfer.MsgReserve; mt <= transfer.MsgHeartbeat; mt++ {
+			for mt := transfer.MsgReserve; mt.String() != fmt.Sprintf("MsgType(%d)", uint8(mt)); mt++ {
 				if !seen[mt] {
 					t.Errorf("no %v in the round trip", mt)
 				}
