@@ -161,6 +161,11 @@ func runNodeRole(cmd *cobra.Command, nf *nodeFlags, lf *linkFlags, role transfer
 	if err := reg.Register(n.Collector()); err != nil {
 		return err
 	}
+	for _, c := range gateway.PoolCollectors(n) {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
 	stop, err := serveMetrics(cmd, lf.metricsListen, reg)
 	if err != nil {
 		return err

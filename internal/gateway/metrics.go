@@ -60,26 +60,33 @@ func newMetrics(b Backend) *metrics {
 		m.inFlight, m.ownerMismatch, m.abortedCompleted, m.badStream)
 
 	if src, ok := b.(StatsSource); ok {
-		gauge := func(name, help string, f func(PoolStats) int) prometheus.Collector {
-			return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help},
-				func() float64 { return float64(f(src.PoolStats())) })
-		}
-		m.reg.MustRegister(
-			gauge("pagewarden_kv_pages_total", "KV pages in the pool.", func(p PoolStats) int { return p.PagesTotal }),
-			gauge("pagewarden_kv_pages_free", "Free KV pages.", func(p PoolStats) int { return p.PagesFree }),
-			gauge("pagewarden_kv_pages_used", "KV pages owned or shared.", func(p PoolStats) int { return p.PagesUsed }),
-			gauge("pagewarden_kv_pages_quarantined", "Quarantined KV pages.", func(p PoolStats) int { return p.PagesQuarantined }),
-			gauge("pagewarden_queue_depth", "Requests admitted and waiting to run.", func(p PoolStats) int { return p.QueueDepth }),
-			gauge("pagewarden_running_requests", "Requests prefilling or decoding.", func(p PoolStats) int { return p.Running }),
-			prometheus.NewCounterFunc(prometheus.CounterOpts{
-				Name: "pagewarden_isolation_violations_total",
-				Help: "Attention steps refused because a page was not owned by the sequence (I2). Must stay 0.",
-			}, func() float64 { return float64(src.IsolationViolations()) }),
-			prometheus.NewCounterFunc(prometheus.CounterOpts{
-				Name: "pagewarden_aborted_but_completed_total",
-				Help: "Requests that reached Finished after being aborted (I4). Must stay 0.",
-			}, func() float64 { return float64(src.AbortedButCompleted()) }),
-		)
+		m.reg.MustRegister(PoolCollectors(src)...)
 	}
 	return m
+}
+
+// PoolCollectors are the page-pool gauges and the must-be-zero counters
+// of src, for any process that runs a node (serve registers them on the
+// gateway's registry; a prefill or decode node on its own).
+func PoolCollectors(src StatsSource) []prometheus.Collector {
+	gauge := func(name, help string, f func(PoolStats) int) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help},
+			func() float64 { return float64(f(src.PoolStats())) })
+	}
+	return []prometheus.Collector{
+		gauge("pagewarden_kv_pages_total", "KV pages in the pool.", func(p PoolStats) int { return p.PagesTotal }),
+		gauge("pagewarden_kv_pages_free", "Free KV pages.", func(p PoolStats) int { return p.PagesFree }),
+		gauge("pagewarden_kv_pages_used", "KV pages owned or shared.", func(p PoolStats) int { return p.PagesUsed }),
+		gauge("pagewarden_kv_pages_quarantined", "Quarantined KV pages.", func(p PoolStats) int { return p.PagesQuarantined }),
+		gauge("pagewarden_queue_depth", "Requests admitted and waiting to run.", func(p PoolStats) int { return p.QueueDepth }),
+		gauge("pagewarden_running_requests", "Requests prefilling or decoding.", func(p PoolStats) int { return p.Running }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "pagewarden_isolation_violations_total",
+			Help: "Attention steps refused because a page was not owned by the sequence (I2). Must stay 0.",
+		}, func() float64 { return float64(src.IsolationViolations()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "pagewarden_aborted_but_completed_total",
+			Help: "Requests that reached Finished after being aborted (I4). Must stay 0.",
+		}, func() float64 { return float64(src.AbortedButCompleted()) }),
+	}
 }

@@ -1,0 +1,295 @@
+package cli
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pagewarden/pagewarden/internal/link"
+	"github.com/pagewarden/pagewarden/internal/transfer"
+)
+
+// childEnv makes the test binary act as the pagewarden binary: the
+// multi-process test starts each role as a real OS process of its own.
+const childEnv = "PAGEWARDEN_CLI_CHILD"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "1" {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		code := Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
+		stop()
+		os.Exit(code)
+	}
+	os.Exit(m.Run())
+}
+
+// proc is one role running as a child process.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	out  *syncBuffer
+}
+
+func startProc(t *testing.T, name string, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), childEnv+"=1")
+	p := &proc{name: name, cmd: cmd, out: &syncBuffer{}}
+	cmd.Stdout, cmd.Stderr = p.out, p.out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Signal(syscall.SIGTERM)
+			done := make(chan struct{})
+			go func() { cmd.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(20 * time.Second):
+				cmd.Process.Kill()
+				<-done
+			}
+		}
+		if t.Failed() {
+			t.Logf("--- %s output:\n%s", name, p.out.String())
+		}
+	})
+	return p
+}
+
+// await returns the first submatch of re in the process's output.
+func (p *proc) await(t *testing.T, re string) string {
+	t.Helper()
+	rx := regexp.MustCompile(re)
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		if m := rx.FindStringSubmatch(p.out.String()); m != nil {
+			return m[1]
+		}
+		if p.cmd.ProcessState != nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s: no %q in:\n%s", p.name, re, p.out.String())
+	return ""
+}
+
+// writeCerts makes a development CA and a certificate for each node.
+func writeCerts(t *testing.T, dir string, ids ...link.Identity) {
+	t.Helper()
+	now := time.Now()
+	ca, err := link.NewCA("test CA", now, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(name string, b []byte) {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("ca.pem", ca.CertPEM)
+	for _, id := range ids {
+		c, err := ca.Issue(id, []string{"127.0.0.1", "localhost"}, now, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		write(string(id.Name)+".pem", c.CertPEM)
+		write(string(id.Name)+"-key.pem", c.KeyPEM)
+	}
+}
+
+type completion struct {
+	status int
+	text   string
+	body   string
+}
+
+func complete(client *http.Client, url, key, prompt string, maxTokens int) completion {
+	body, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": maxTokens, "temperature": 0})
+	req, _ := http.NewRequest("POST", url+"/v1/completions", bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		return completion{status: -1, body: err.Error()}
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var out struct {
+		Choices []struct {
+			Text string `json:"text"`
+		} `json:"choices"`
+	}
+	_ = json.Unmarshal(b, &out)
+	c := completion{status: resp.StatusCode, body: string(b)}
+	if len(out.Choices) == 1 {
+		c.text = out.Choices[0].Text
+	}
+	return c
+}
+
+// metric reads one unlabelled sample from a node's /metrics.
+func metric(t *testing.T, addr, name string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// TestRolesAsProcesses: a gateway, two prefill and two decode nodes as
+// separate OS processes over gRPC with mutual TLS, on the builtin model.
+// Greedy answers through the cluster equal `serve`'s; a decode node killed
+// with SIGKILL in the middle of a load takes only its own requests with it
+// (errors, never a 200 with other text), the survivors keep serving, and
+// their pages come back to baseline.
+func TestRolesAsProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts six processes")
+	}
+	dir := t.TempDir()
+	ids := []link.Identity{
+		{Name: "gw", Role: transfer.RoleGateway},
+		{Name: "p0", Role: transfer.RolePrefill}, {Name: "p1", Role: transfer.RolePrefill},
+		{Name: "d0", Role: transfer.RoleDecode}, {Name: "d1", Role: transfer.RoleDecode},
+	}
+	writeCerts(t, dir, ids...)
+	common := []string{"--model", "builtin:tiny", "--threads", "1", "--kv-memory", "16MiB", "--tls-ca", filepath.Join(dir, "ca.pem")}
+	tlsArgs := func(name string) []string {
+		return append(append([]string(nil), common...), "--name", name, "--tls-cert", filepath.Join(dir, name+".pem"), "--tls-key", filepath.Join(dir, name+"-key.pem"))
+	}
+	nodeArgs := func(role, name string) []string {
+		return append(append([]string{role}, tlsArgs(name)...), "--link-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0")
+	}
+	linked := `linked on (127\.0\.0\.1:\d+)`
+	metricsAt := `metrics on http://(127\.0\.0\.1:\d+)/metrics`
+	d0 := startProc(t, "d0", nodeArgs("decode", "d0")...)
+	d1 := startProc(t, "d1", nodeArgs("decode", "d1")...)
+	d0addr, d1addr := d0.await(t, linked), d1.await(t, linked)
+	decodes := "d0=" + d0addr + ",d1=" + d1addr
+	p0 := startProc(t, "p0", append(nodeArgs("prefill", "p0"), "--decode", decodes)...)
+	p1 := startProc(t, "p1", append(nodeArgs("prefill", "p1"), "--decode", decodes)...)
+	prefills := "p0=" + p0.await(t, linked) + ",p1=" + p1.await(t, linked)
+	gw := startProc(t, "gw", append(append([]string{"gateway"}, tlsArgs("gw")...), "--listen", "127.0.0.1:0", "--metrics-listen", "",
+		"--prefill", prefills, "--decode", decodes)...)
+	url := "http://" + gw.await(t, `listening on http://(127\.0\.0\.1:\d+)`)
+	key := gw.await(t, `API key \(shown once\): (\S+)`)
+
+	// The reference: the same prompts through serve in this process.
+	ref := startServe(t)
+	prompts := []string{"Once upon a time", "The little dog", "She opened the door and", "In the morning the sun"}
+	want := map[string]string{}
+	for _, p := range prompts {
+		c := complete(http.DefaultClient, ref.url, ref.key, p, 24)
+		if c.status != 200 {
+			t.Fatalf("serve: %d %s", c.status, c.body)
+		}
+		want[p] = c.text
+	}
+	for _, p := range prompts {
+		c := complete(http.DefaultClient, url, key, p, 24)
+		if c.status != 200 || c.text != want[p] {
+			t.Fatalf("cluster %q: %d %q, serve said %q (%s)", p, c.status, c.text, want[p], c.body)
+		}
+	}
+
+	// Load, and SIGKILL d1 in the middle of it.
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	statuses := map[int]int{}
+	client := &http.Client{Timeout: 60 * time.Second}
+	for i := range 24 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p := prompts[i%len(prompts)]
+			c := complete(client, url, key, p, 48)
+			mu.Lock()
+			defer mu.Unlock()
+			statuses[c.status]++
+			if c.status == 200 && !strings.HasPrefix(c.text, want[p]) {
+				t.Errorf("200 with other text for %q: %q, serve said %q…", p, c.text, want[p])
+			}
+			if c.status != 200 && !strings.Contains(c.body, `"error"`) {
+				t.Errorf("failure without an error body: %d %s", c.status, c.body)
+			}
+		}()
+		if i == 8 {
+			if err := d1.cmd.Process.Kill(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	wg.Wait()
+	t.Logf("statuses under the kill: %v", statuses)
+	// The survivors keep serving.
+	for _, p := range prompts {
+		c := complete(http.DefaultClient, url, key, p, 24)
+		if c.status != 200 || c.text != want[p] {
+			t.Fatalf("after the kill, %q: %d %q, want %q (%s)", p, c.status, c.text, want[p], c.body)
+		}
+	}
+	// Every surviving node's pages come back.
+	for _, n := range []*proc{d0, p0, p1} {
+		addr := n.await(t, metricsAt)
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			used, q := metric(t, addr, "pagewarden_kv_pages_used"), metric(t, addr, "pagewarden_kv_pages_quarantined")
+			if used == "0" && q == "0" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %s pages used, %s quarantined", n.name, used, q)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if v := metric(t, addr, "pagewarden_isolation_violations_total"); v != "0" {
+			t.Fatalf("%s: %s isolation violations", n.name, v)
+		}
+	}
+}
+
+type refServer struct{ url, key string }
+
+// startServe runs `serve` in this process for reference answers.
+func startServe(t *testing.T) refServer {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stderr := &syncBuffer{}
+	done := make(chan int, 1)
+	go func() {
+		done <- Main(ctx, []string{"serve", "--model", "builtin:tiny", "--threads", "1", "--listen", "127.0.0.1:0", "--kv-memory", "16MiB", "--metrics-listen", ""}, io.Discard, stderr)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, stderr, "listening on http://")
+	m := regexp.MustCompile(`API key \(shown once\): (\S+)\n(?:.*\n)*listening on http://(\S+)`).FindStringSubmatch(stderr.String())
+	if m == nil {
+		t.Fatalf("serve output: %s", stderr.String())
+	}
+	return refServer{url: "http://" + m[2], key: m[1]}
+}
+
+
