@@ -291,5 +291,3 @@ func startServe(t *testing.T) refServer {
 	}
 	return refServer{url: "http://" + m[2], key: m[1]}
 }
-
-

@@ -42,7 +42,7 @@ type RouterConfig struct {
 	// opened) is left out of rotation before it is tried again (default
 	// 5s).
 	DownFor time.Duration
-	Logger    *slog.Logger
+	Logger  *slog.Logger
 }
 
 // RouterStats are the router's counters.
@@ -65,7 +65,7 @@ type Router struct {
 
 	mu      sync.Mutex
 	calls   map[request.Owner]*call
-	next    int                   // round robin over decode nodes
+	next    int                         // round robin over decode nodes
 	load    map[transfer.Peer]int       // requests in flight per prefill node
 	down    map[transfer.Peer]time.Time // nodes out of rotation, until
 	fails   map[string]uint64
