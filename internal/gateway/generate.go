@@ -149,6 +149,9 @@ func (c *call) acquire(tokens, pages int) (*tenants.Grant, *apiError) {
 				Message:    fmt.Sprintf("Rate limit reached for your API key (%s); retry after %d s.", qe.Limit, int(qe.RetryAfter/time.Second)),
 				RetryAfter: qe.RetryAfter, Err: err}
 		}
+		if errors.Is(err, tenants.ErrCharge) {
+			return nil, internalError(err) // our arithmetic, never the client's
+		}
 		return nil, errUnauthorized // tenant removed by a reload a moment ago
 	}
 	return grant, nil

@@ -18,6 +18,9 @@ import (
 var (
 	ErrInvalidConfig = errors.New("tenants: invalid config")
 	ErrUnauthorized  = errors.New("tenants: invalid API key")
+	// ErrCharge: a charge that is negative (a caller's overflow), which
+	// would refill the buckets it was meant to drain.
+	ErrCharge = errors.New("tenants: invalid quota charge")
 )
 
 // maxConfigBytes bounds a config file: it is read whole.

@@ -234,6 +234,9 @@ type Grant struct {
 // and pages (worst-case KV pages) under the tenant's current limits, or
 // returns a *QuotaError. Nothing is charged when it refuses.
 func (r *Registry) Acquire(now time.Time, tenant string, tokens, pages int) (*Grant, error) {
+	if tokens < 0 || pages < 0 {
+		return nil, fmt.Errorf("%w: %d tokens, %d pages", ErrCharge, tokens, pages)
+	}
 	t, ok := r.Tenant(tenant)
 	if !ok {
 		// Removed by a reload between authentication and admission.

@@ -184,3 +184,26 @@ func TestQuotaProperties(t *testing.T) {
 		}
 	})
 }
+
+// TestNegativeChargeRefused: a charge that wrapped negative upstream is
+// refused and leaves the buckets as they were, instead of refilling them.
+func TestNegativeChargeRefused(t *testing.T) {
+	r, err := NewRegistry(&Config{Tenants: []Tenant{{ID: "a", APIKeySHA256: []string{HashKey("k")}, Limits: Limits{TokensPerMinute: 100}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1e9, 0)
+	g, err := r.Acquire(now, "a", 90, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Release(now, 90)
+	for _, c := range [][2]int{{-1 << 62, 0}, {-1, 0}, {0, -1}} {
+		if _, err := r.Acquire(now, "a", c[0], c[1]); !errors.Is(err, ErrCharge) {
+			t.Fatalf("charge %v: %v", c, err)
+		}
+	}
+	if _, err := r.Acquire(now, "a", 90, 1); err == nil {
+		t.Fatal("the bucket was refilled by a refused charge")
+	}
+}
