@@ -275,13 +275,14 @@ func TestRolesAsProcesses(t *testing.T) {
 type refServer struct{ url, key string }
 
 // startServe runs `serve` in this process for reference answers.
-func startServe(t *testing.T) refServer {
+func startServe(t *testing.T, extra ...string) refServer {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	stderr := &syncBuffer{}
 	done := make(chan int, 1)
+	args := append([]string{"serve", "--model", "builtin:tiny", "--threads", "1", "--listen", "127.0.0.1:0", "--kv-memory", "16MiB", "--metrics-listen", ""}, extra...)
 	go func() {
-		done <- Main(ctx, []string{"serve", "--model", "builtin:tiny", "--threads", "1", "--listen", "127.0.0.1:0", "--kv-memory", "16MiB", "--metrics-listen", ""}, io.Discard, stderr)
+		done <- Main(ctx, args, io.Discard, stderr)
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	waitFor(t, stderr, "listening on http://")
@@ -290,4 +291,34 @@ func startServe(t *testing.T) refServer {
 		t.Fatalf("serve output: %s", stderr.String())
 	}
 	return refServer{url: "http://" + m[2], key: m[1]}
+}
+
+// TestServeDisaggregated: serve --disaggregated (a prefill and a decode
+// node in one process, through the handoff protocol) answers exactly as
+// serve does, and its metrics show both nodes with no violation.
+func TestServeDisaggregated(t *testing.T) {
+	one := startServe(t)
+	two := startServe(t, "--disaggregated", "--metrics-on-api")
+	for _, p := range []string{"Once upon a time", "The little dog ran to the park and", "A"} {
+		for _, n := range []int{1, 7, 40} {
+			a, b := complete(http.DefaultClient, one.url, one.key, p, n), complete(http.DefaultClient, two.url, two.key, p, n)
+			if a.status != 200 || b.status != 200 || a.text != b.text {
+				t.Fatalf("%q max %d: serve %d %q, disaggregated %d %q (%s)", p, n, a.status, a.text, b.status, b.text, b.body)
+			}
+		}
+	}
+	req, _ := http.NewRequest("GET", two.url+"/metrics", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	text := string(body)
+	for _, want := range []string{`pagewarden_sched_steps_total{node="prefill-0"}`, `pagewarden_sched_steps_total{node="decode-0"}`,
+		"pagewarden_isolation_violations_total 0", "pagewarden_kv_pages_quarantined 0"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
 }

@@ -12,8 +12,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
+	"github.com/pagewarden/pagewarden/internal/disagg"
 	"github.com/pagewarden/pagewarden/internal/gateway"
 	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
 	"github.com/pagewarden/pagewarden/internal/invariants"
@@ -126,6 +128,7 @@ func serveCmd() *cobra.Command {
 	var logPrompts, metricsOnAPI bool
 	var maxBody int64
 	var reapAfter time.Duration
+	var disaggregated bool
 	c := &cobra.Command{
 		Use:   "serve",
 		Short: "Serve the OpenAI-compatible API (gateway, scheduler and engine in one process)",
@@ -190,18 +193,37 @@ that long.`,
 			if err != nil {
 				return err
 			}
-			n, err := node.Start(m, o)
-			if err != nil {
-				m.Close()
-				return err
+			var (
+				backend  gateway.Backend
+				scrubber quarantineScrubber
+				lim      sched.Limits
+				register func(prometheus.Registerer) error
+			)
+			if disaggregated {
+				// A prefill and a decode node in this process, linked by
+				// the same framing, handshake and checks as across hosts.
+				l, err := disagg.StartLocal(m, disagg.LocalConfig{Node: o, Logger: logger})
+				if err != nil {
+					return err
+				}
+				defer l.Close()
+				backend, scrubber, lim, register = l, l, l.Decodes[0].SchedLimits(), l.RegisterMetrics
+			} else {
+				n, err := node.Start(m, o)
+				if err != nil {
+					m.Close()
+					return err
+				}
+				defer n.Close()
+				backend, scrubber, lim = n, n, n.SchedLimits()
+				register = func(r prometheus.Registerer) error { return r.Register(n.Collector()) }
 			}
-			defer n.Close()
-			srv, err := gateway.New(gateway.Config{Backend: n, Registry: policies, Logger: logger, LogPrompts: logPrompts, MaxBodyBytes: maxBody,
+			srv, err := gateway.New(gateway.Config{Backend: backend, Registry: policies, Logger: logger, LogPrompts: logPrompts, MaxBodyBytes: maxBody,
 				MetricsOnAPI: metricsOnAPI})
 			if err != nil {
 				return err
 			}
-			if err := srv.Metrics().Register(n.Collector()); err != nil {
+			if err := register(srv.Metrics()); err != nil {
 				return err
 			}
 			if metricsListen != "" {
@@ -236,8 +258,7 @@ that long.`,
 			if key != "" {
 				fmt.Fprintf(cmd.ErrOrStderr(), "no --config: one tenant %q; its API key (shown once): %s\n", tenants.DefaultTenantID, key)
 			}
-			lim := n.SchedLimits()
-			logger.Info("serving", "addr", ln.Addr().String(), "model", m.Name, "max_context", lim.MaxContext,
+			logger.Info("serving", "disaggregated", disaggregated, "addr", ln.Addr().String(), "model", m.Name, "max_context", lim.MaxContext,
 				"kv_pages", lim.UsablePages, "page_size", lim.PageSize, "usable_kv_tokens", lim.UsableTokens, "safety_margin", lim.SafetyMargin)
 			fmt.Fprintf(cmd.ErrOrStderr(), "listening on http://%s\n", ln.Addr())
 			srv.Start(ln)
@@ -259,7 +280,7 @@ that long.`,
 					}
 					logger.Info("tenant config reloaded", "tenants", len(nc.Tenants))
 				case <-usr1:
-					scrubQuarantine(cmd.Context(), n, logger)
+					scrubQuarantine(cmd.Context(), scrubber, logger)
 				case <-cmd.Context().Done():
 					logger.Info("draining", "deadline", drain.String())
 					ctx, cancel := context.WithTimeout(context.Background(), drain)
@@ -283,6 +304,8 @@ that long.`,
 	c.Flags().DurationVar(&drain, "drain-timeout", 30*time.Second, "how long shutdown waits for in-flight requests")
 	c.Flags().BoolVar(&logPrompts, "log-prompts", false, "log prompt and output text (debug only: prompts are customer data)")
 	c.Flags().Int64Var(&maxBody, "max-body-bytes", gateway.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")
+	c.Flags().BoolVar(&disaggregated, "disaggregated", false,
+		"run a prefill and a decode node in this process and hand each prompt's KV pages between them through the handoff protocol (as `prefill`/`decode` do across hosts); each node gets --kv-memory")
 	c.Flags().DurationVar(&reapAfter, "quarantine-reap-after", 0, "scrub and free KV pages quarantined after a violation once they have been quarantined this long (0: only on SIGUSR1)")
 	return c
 }
@@ -296,9 +319,14 @@ const defaultMetricsListen = "127.0.0.1:9464"
 // applies the scrub between two steps.
 const scrubTimeout = 30 * time.Second
 
+// quarantineScrubber is a node, or the nodes of a cluster in one process.
+type quarantineScrubber interface {
+	ScrubQuarantined(ctx context.Context) (int, error)
+}
+
 // scrubQuarantine is the operator's SIGUSR1: scrub and free every
 // quarantined KV page, and log how many.
-func scrubQuarantine(ctx context.Context, n *node.Node, logger *slog.Logger) {
+func scrubQuarantine(ctx context.Context, n quarantineScrubber, logger *slog.Logger) {
 	ctx, cancel := context.WithTimeout(ctx, scrubTimeout)
 	defer cancel()
 	k, err := n.ScrubQuarantined(ctx)

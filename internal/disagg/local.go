@@ -7,6 +7,9 @@ import (
 	"log/slog"
 	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pagewarden/pagewarden/internal/gateway"
 	"github.com/pagewarden/pagewarden/internal/link"
 	"github.com/pagewarden/pagewarden/internal/model"
 	"github.com/pagewarden/pagewarden/internal/node"
@@ -163,4 +166,78 @@ func (l *Local) Close() error {
 		l.closeErr = errors.Join(errs...)
 	})
 	return l.closeErr
+}
+
+// nodes lists every node with its name.
+func (l *Local) nodes() (names []string, nodes []*node.Node) {
+	for i, n := range l.Prefills {
+		names, nodes = append(names, fmt.Sprintf("prefill-%d", i)), append(nodes, n)
+	}
+	for i, n := range l.Decodes {
+		names, nodes = append(names, fmt.Sprintf("decode-%d", i)), append(nodes, n)
+	}
+	return names, nodes
+}
+
+// PoolStats sums the nodes' pools (gateway.StatsSource).
+func (l *Local) PoolStats() gateway.PoolStats {
+	var s gateway.PoolStats
+	_, nodes := l.nodes()
+	for _, n := range nodes {
+		p := n.PoolStats()
+		s.PagesTotal += p.PagesTotal
+		s.PagesFree += p.PagesFree
+		s.PagesUsed += p.PagesUsed
+		s.PagesQuarantined += p.PagesQuarantined
+		s.QueueDepth += p.QueueDepth
+		s.Running += p.Running
+	}
+	return s
+}
+
+// IsolationViolations sums the nodes' (gateway.StatsSource).
+func (l *Local) IsolationViolations() uint64 {
+	var v uint64
+	_, nodes := l.nodes()
+	for _, n := range nodes {
+		v += n.IsolationViolations()
+	}
+	return v
+}
+
+// AbortedButCompleted sums the nodes' (gateway.StatsSource).
+func (l *Local) AbortedButCompleted() uint64 {
+	var v uint64
+	_, nodes := l.nodes()
+	for _, n := range nodes {
+		v += n.AbortedButCompleted()
+	}
+	return v
+}
+
+var _ gateway.StatsSource = (*Local)(nil)
+
+// RegisterMetrics registers every node's collector on reg, each series
+// labelled with its node.
+func (l *Local) RegisterMetrics(reg prometheus.Registerer) error {
+	names, nodes := l.nodes()
+	for i, n := range nodes {
+		if err := prometheus.WrapRegistererWith(prometheus.Labels{"node": names[i]}, reg).Register(n.Collector()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ScrubQuarantined scrubs and frees every node's quarantined pages.
+func (l *Local) ScrubQuarantined(ctx context.Context) (int, error) {
+	total := 0
+	var errs []error
+	_, nodes := l.nodes()
+	for _, n := range nodes {
+		k, err := n.ScrubQuarantined(ctx)
+		total += k
+		errs = append(errs, err)
+	}
+	return total, errors.Join(errs...)
 }
