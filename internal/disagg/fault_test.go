@@ -304,7 +304,7 @@ func TestFaultsFailClosed(t *testing.T) {
 	for _, tc := range faultCases {
 		t.Run(tc.name, func(t *testing.T) {
 			var nodes sync.Map // name → *faulty
-			cfg := LocalConfig{wrap: func(name transfer.Peer, tr link.Transport) link.Transport {
+			cfg := LocalConfig{Wrap: func(name transfer.Peer, tr link.Transport) link.Transport {
 				f := &faulty{Transport: tr, name: name, victim: "victim"}
 				f.kill = func() { tr.Close() }
 				if name == tc.on {
@@ -419,7 +419,7 @@ func TestClientAbortAtEveryPhase(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			var once sync.Once
-			l := startLocal(t, LocalConfig{wrap: func(name transfer.Peer, tr link.Transport) link.Transport {
+			l := startLocal(t, LocalConfig{Wrap: func(name transfer.Peer, tr link.Transport) link.Transport {
 				f := &faulty{Transport: tr, name: name, victim: "victim"}
 				if name == phase.on {
 					f.mutate = func(f *faulty, to transfer.Peer, m transfer.Message) []transfer.Message {

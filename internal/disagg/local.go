@@ -24,9 +24,12 @@ type LocalConfig struct {
 	Decoder         DecodeConfig  // leases and timeouts (Sched, Layout, Transport are set)
 	Prefiller       PrefillConfig // heartbeats and timeouts (likewise)
 
-	// wrap, set only by tests, wraps each node's transport (fault
-	// injection between the drivers and the link).
-	wrap func(name transfer.Peer, t link.Transport) link.Transport
+	// Transport makes a node's transport (nil: an in-process
+	// link.Network). The demo passes gRPC over mutual TLS on loopback.
+	Transport func(hello transfer.Hello) (link.Transport, error)
+	// Wrap, for tests and the demo only, wraps each node's transport:
+	// fault injection between a driver and its link.
+	Wrap func(name transfer.Peer, t link.Transport) link.Transport
 }
 
 // Local is a gateway's router, prefill and decode nodes in one process,
@@ -69,17 +72,21 @@ func StartLocal(m *model.Model, cfg LocalConfig) (l *Local, err error) {
 	o := cfg.Node
 	o.KeepModel = true
 	nw := link.NewNetwork()
+	if cfg.Transport == nil {
+		cfg.Transport = func(h transfer.Hello) (link.Transport, error) {
+			return nw.Join(h, link.Options{Logger: cfg.Logger})
+		}
+	}
 	join := func(name transfer.Peer, role transfer.Role, layout transfer.Layout) (link.Transport, error) {
-		t, err := nw.Join(transfer.NewHello(name, role, layout), link.Options{Logger: cfg.Logger})
+		t, err := cfg.Transport(transfer.NewHello(name, role, layout))
 		if err != nil {
 			return nil, err
 		}
 		l.transports = append(l.transports, t)
-		var tr link.Transport = t
-		if cfg.wrap != nil {
-			tr = cfg.wrap(name, tr)
+		if cfg.Wrap != nil {
+			t = cfg.Wrap(name, t)
 		}
-		return tr, nil
+		return t, nil
 	}
 	var prefills, decodes []transfer.Peer
 	var layout transfer.Layout
