@@ -2,6 +2,7 @@ package link
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -34,19 +35,27 @@ type GRPCConfig struct {
 	Peers map[transfer.Peer]string
 	// Keepalive is how often an idle connection is pinged, and how long a
 	// ping may go unanswered before the connection (and its links) is
-	// declared dead (default 15s).
+	// declared dead (default 15s); page streams use TCP keepalive at the
+	// same period.
 	Keepalive time.Duration
+	// PagesOverGRPC sends Page frames on the gRPC stream like every other
+	// message, instead of on a dedicated TLS page stream (the default; see
+	// pagestream.go). For comparison in BenchmarkPages.
+	PagesOverGRPC bool
 }
 
 // GRPC is the network transport: gRPC's Link.Exchange streams over mutual
 // TLS 1.3, one stream per link, each message one linkpb.Frame holding one
-// transfer frame.
+// transfer frame; and Page frames on page streams, dedicated TLS
+// connections on the same port (pagestream.go), with the same
+// authentication, Hello, codec and policy.
 type GRPC struct {
 	linkpb.UnimplementedLinkServer
 	*node
 	cfg GRPCConfig
 	srv *grpc.Server
 	ln  net.Listener
+	h2  *h2Listener
 
 	ccMu    sync.Mutex
 	ccs     map[transfer.Peer]*grpc.ClientConn
@@ -76,24 +85,86 @@ func NewGRPC(cfg GRPCConfig, ln net.Listener) (*GRPC, error) {
 	if err != nil {
 		return nil, err
 	}
+	n.pageStreams = !cfg.PagesOverGRPC
 	g.node = n
 	if ln == nil {
 		return g, nil
 	}
+	// The transport does the TLS handshake itself, to route by ALPN;
+	// gRPC gets the h2 connections with their TLS state.
+	serverTLS := cfg.TLS.Server.Clone()
+	serverTLS.NextProtos = []string{alpnH2, alpnPages}
+	g.h2 = newH2Listener(ln.Addr())
 	g.srv = grpc.NewServer(
-		grpc.Creds(credentials.NewTLS(cfg.TLS.Server)),
+		grpc.Creds(handshaken{}),
 		grpc.MaxRecvMsgSize(maxMessage),
 		grpc.MaxSendMsgSize(maxMessage),
 		grpc.MaxConcurrentStreams(uint32(n.opt.MaxLinksPerPeer)),
-		grpc.ConnectionTimeout(n.opt.HandshakeTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.Keepalive, Timeout: cfg.Keepalive}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: cfg.Keepalive / 2, PermitWithoutStream: true}),
 		grpc.InitialWindowSize(windowSize),
 		grpc.InitialConnWindowSize(connWindowSize),
+		grpc.ForceServerCodecV2(frameCodec{}),
 	)
 	linkpb.RegisterLinkServer(g.srv, g)
-	g.wg.Go(func() { _ = g.srv.Serve(ln) })
+	g.wg.Go(func() { _ = g.srv.Serve(g.h2) })
+	g.wg.Go(func() { g.acceptLoop(serverTLS) })
 	return g, nil
+}
+
+// acceptLoop accepts connections until the listener closes and
+// handshakes each in a goroutine of its own.
+func (g *GRPC) acceptLoop(serverTLS *tls.Config) {
+	backoff := 5 * time.Millisecond
+	for {
+		c, err := g.ln.Accept()
+		if err != nil {
+			if g.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			g.opt.Logger.Warn("link: accept", "err", err)
+			select {
+			case <-time.After(backoff):
+				backoff = min(2*backoff, time.Second)
+				continue
+			case <-g.ctx.Done():
+				return
+			}
+		}
+		backoff = 5 * time.Millisecond
+		// This goroutine is counted in wg, so Add cannot race with Wait.
+		g.wg.Go(func() { g.serveConn(c, serverTLS) })
+	}
+}
+
+// serveConn does the TLS handshake (mutual, TLS 1.3, bounded by
+// HandshakeTimeout) and hands the connection to gRPC or, for a page
+// stream, to the node as a link.
+func (g *GRPC) serveConn(c net.Conn, serverTLS *tls.Config) {
+	tc := tls.Server(c, serverTLS)
+	ctx, cancel := context.WithTimeout(g.ctx, g.opt.HandshakeTimeout)
+	defer cancel()
+	if err := tc.HandshakeContext(ctx); err != nil {
+		g.opt.Logger.Info("link: TLS handshake failed", "remote", c.RemoteAddr().String(), "err", err)
+		c.Close()
+		return
+	}
+	cs := tc.ConnectionState()
+	switch cs.NegotiatedProtocol {
+	case alpnH2:
+		g.h2.deliver(tc)
+	case alpnPages:
+		id, err := PeerIdentity(cs)
+		if err == nil {
+			err = g.accept(&connStream{c: tc}, id, classPages)
+		}
+		if err != nil {
+			tc.Close()
+		}
+	default:
+		g.opt.Logger.Info("link: connection without ALPN refused", "remote", c.RemoteAddr().String())
+		tc.Close()
+	}
 }
 
 // Flow-control windows: large enough that a page or two is in flight on
@@ -119,6 +190,8 @@ func (g *GRPC) Stats() Stats { return g.stats() }
 func (g *GRPC) Close() error {
 	g.close(func() {
 		if g.srv != nil {
+			_ = g.ln.Close()
+			_ = g.h2.Close()
 			g.srv.Stop()
 		}
 		g.ccMu.Lock()
@@ -152,7 +225,7 @@ func (g *GRPC) clientConn(to transfer.Peer) (*grpc.ClientConn, error) {
 		// ForPeer: the handshake fails unless the certificate that
 		// answers chains to our CA and names node to.
 		grpc.WithTransportCredentials(credentials.NewTLS(g.cfg.TLS.ForPeer(Identity{Name: to}))),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessage), grpc.MaxCallSendMsgSize(maxMessage)),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessage), grpc.MaxCallSendMsgSize(maxMessage), grpc.ForceCodecV2(frameCodec{})),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: g.cfg.Keepalive, Timeout: g.cfg.Keepalive, PermitWithoutStream: true}),
 		grpc.WithInitialWindowSize(windowSize),
 		grpc.WithInitialConnWindowSize(connWindowSize),
@@ -165,7 +238,14 @@ func (g *GRPC) clientConn(to transfer.Peer) (*grpc.ClientConn, error) {
 	return cc, nil
 }
 
-func (g *GRPC) dial(ctx context.Context, to transfer.Peer) (stream, Identity, error) {
+func (g *GRPC) dial(ctx context.Context, to transfer.Peer, class linkClass) (stream, Identity, error) {
+	if class == classPages {
+		addr, ok := g.cfg.Peers[to]
+		if !ok {
+			return nil, Identity{}, fmt.Errorf("%w: no address for %s", ErrNoRoute, to)
+		}
+		return dialPages(ctx, g.cfg.TLS, to, addr, net.Dialer{KeepAlive: g.cfg.Keepalive})
+	}
 	cc, err := g.clientConn(to)
 	if err != nil {
 		return nil, Identity{}, err
@@ -212,7 +292,7 @@ func (g *GRPC) Exchange(ex linkpb.Link_ExchangeServer) error {
 		return status.Error(codes.Unauthenticated, err.Error())
 	}
 	st := &serverStream{ex: ex, done: make(chan struct{})}
-	if err := g.accept(st, id); err != nil {
+	if err := g.accept(st, id, classControl); err != nil {
 		return status.Error(codes.Unavailable, err.Error())
 	}
 	// The node's goroutines read the stream; the handler only holds it

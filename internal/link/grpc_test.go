@@ -121,7 +121,7 @@ func TestImpostorListener(t *testing.T) {
 
 // rawClient opens an Exchange stream to addr with cfg, to send what an
 // honest node never would.
-func rawClient(t *testing.T, cfg *tls.Config, addr string) linkpb.Link_ExchangeClient {
+func rawClient(t testing.TB, cfg *tls.Config, addr string) linkpb.Link_ExchangeClient {
 	t.Helper()
 	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
 	if err != nil {

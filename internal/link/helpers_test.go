@@ -48,6 +48,8 @@ type cluster struct {
 	nodes map[transfer.Peer]Transport
 	addrs map[transfer.Peer]string
 	lns   map[transfer.Peer]*trackingListener
+	// pagesOverGRPC is GRPCConfig.PagesOverGRPC for the nodes added next.
+	pagesOverGRPC bool
 }
 
 func newCluster(t testing.TB, kind string) *cluster {
@@ -98,7 +100,7 @@ func (c *cluster) addWith(h transfer.Hello, opt Options, tlsCfg *TLS) Transport 
 		if l := c.lns[h.Node]; l != nil {
 			ln = l
 		}
-		tr, err = NewGRPC(GRPCConfig{Options: opt, TLS: tlsCfg, Hello: h, Peers: peers}, ln)
+		tr, err = NewGRPC(GRPCConfig{Options: opt, TLS: tlsCfg, Hello: h, Peers: peers, PagesOverGRPC: c.pagesOverGRPC}, ln)
 	}
 	if err != nil {
 		c.t.Fatal(err)

@@ -52,7 +52,8 @@ func (nw *Network) Join(hello transfer.Hello, opt Options) (*Inproc, error) {
 	return t, nil
 }
 
-func (t *Inproc) dial(ctx context.Context, to transfer.Peer) (stream, Identity, error) {
+// dial opens a pipe; an in-process link carries every class.
+func (t *Inproc) dial(_ context.Context, to transfer.Peer, class linkClass) (stream, Identity, error) {
 	t.net.mu.Lock()
 	dst := t.net.nodes[to]
 	t.net.mu.Unlock()
@@ -60,7 +61,7 @@ func (t *Inproc) dial(ctx context.Context, to transfer.Peer) (stream, Identity, 
 		return nil, Identity{}, fmt.Errorf("%w: no node %s in this process", ErrNoRoute, to)
 	}
 	near, far := newPipe()
-	if err := dst.accept(far, t.self); err != nil {
+	if err := dst.accept(far, t.self, class); err != nil {
 		near.close(err)
 		return nil, Identity{}, fmt.Errorf("%w: %s: %w", ErrNoRoute, to, err)
 	}

@@ -25,18 +25,36 @@ type stream interface {
 	close(cause error)
 }
 
+// linkClass is what a link carries: everything (control), or only Page
+// frames (pages), on transports that give page bytes a stream of their
+// own (GRPC: a dedicated TLS connection, see BenchmarkPages).
+type linkClass uint8
+
+const (
+	classControl linkClass = iota
+	classPages
+)
+
+func (c linkClass) String() string {
+	if c == classPages {
+		return "page stream"
+	}
+	return "control"
+}
+
 // link is a stream that passed the handshake, with the identity of the
 // node at its other end.
 type link struct {
-	peer Identity
-	st   stream
-	done chan struct{}
-	once sync.Once
-	err  error // the cause; set before done closes
+	peer  Identity
+	class linkClass
+	st    stream
+	done  chan struct{}
+	once  sync.Once
+	err   error // the cause; set before done closes
 }
 
-func newLink(peer Identity, st stream) *link {
-	return &link{peer: peer, st: st, done: make(chan struct{})}
+func newLink(peer Identity, class linkClass, st stream) *link {
+	return &link{peer: peer, class: class, st: st, done: make(chan struct{})}
 }
 
 // fail ends the link with cause (the first cause wins).
@@ -58,16 +76,31 @@ func (l *link) cause() error {
 	}
 }
 
-// peerState serialises what this node sends to one peer: one Send at a
-// time, so frames keep their order and a link is opened once.
-type peerState struct {
-	sem chan struct{}
-	cur *link // guarded by node.mu; nil when no link is up
+// peerKey names the links to one peer of one class.
+type peerKey struct {
+	name  transfer.Peer
+	class linkClass
 }
 
-// dialFunc opens a stream to the node named to and says who answered
-// (from its certificate). It must return once ctx ends.
-type dialFunc func(ctx context.Context, to transfer.Peer) (stream, Identity, error)
+// peerState serialises what this node sends to one peer on one class of
+// link: one Send at a time, so frames keep their order and a link is
+// opened once.
+type peerState struct {
+	sem chan struct{}
+	cur *link  // guarded by node.mu; nil when no link is up
+	buf []byte // encoding buffer for a copier stream; guarded by sem
+}
+
+// copier is a stream whose send is done with the frame when it returns,
+// so that the frame's buffer can be reused.
+type copier interface{ copiesFrames() }
+
+// maxKeptBuffer bounds the encoding buffer a peer keeps between Sends.
+const maxKeptBuffer = 4 << 20
+
+// dialFunc opens a stream of a class to the node named to and says who
+// answered (from its certificate). It must return once ctx ends.
+type dialFunc func(ctx context.Context, to transfer.Peer, class linkClass) (stream, Identity, error)
 
 // node is the part of every transport above the stream.
 type node struct {
@@ -75,7 +108,9 @@ type node struct {
 	hello transfer.Hello
 	opt   Options
 	dial  dialFunc
-	inbox chan Inbound
+	// pageStreams sends Page frames on links of classPages.
+	pageStreams bool
+	inbox       chan Inbound
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -83,7 +118,7 @@ type node struct {
 
 	mu     sync.Mutex
 	closed bool
-	peers  map[transfer.Peer]*peerState
+	peers  map[peerKey]*peerState
 	links  map[*link]struct{}
 
 	sent, received, refused, up, down atomic.Uint64
@@ -104,7 +139,7 @@ func newNode(hello transfer.Hello, opt Options, dial dialFunc) (*node, error) {
 		self: self, hello: hello, opt: opt, dial: dial,
 		inbox: make(chan Inbound, opt.InboxSize),
 		ctx:   ctx, cancel: cancel,
-		peers: make(map[transfer.Peer]*peerState),
+		peers: make(map[peerKey]*peerState),
 		links: make(map[*link]struct{}),
 	}, nil
 }
@@ -127,20 +162,19 @@ func (n *node) Send(ctx context.Context, to transfer.Peer, m transfer.Message) e
 	if _, ok := m.(*transfer.Hello); ok {
 		return fmt.Errorf("%w: a hello is sent only by the handshake", ErrPolicy)
 	}
-	// A fresh buffer per frame: a stream may retain it.
-	frame, err := transfer.EncodeFrame(m)
-	if err != nil {
-		return err
+	key := peerKey{to, classControl}
+	if n.pageStreams && m.Type() == transfer.MsgPage {
+		key.class = classPages
 	}
 	n.mu.Lock()
 	if n.closed {
 		n.mu.Unlock()
 		return ErrClosed
 	}
-	ps := n.peers[to]
+	ps := n.peers[key]
 	if ps == nil {
 		ps = &peerState{sem: make(chan struct{}, 1)}
-		n.peers[to] = ps
+		n.peers[key] = ps
 	}
 	n.mu.Unlock()
 
@@ -159,9 +193,28 @@ func (n *node) Send(ctx context.Context, to transfer.Peer, m transfer.Message) e
 	if l == nil || l.cause() != nil {
 		// No link, or one that ended and whose reader has not yet
 		// reported it: open a new one.
-		if l, err = n.connect(ctx, to); err != nil {
+		var err error
+		if l, err = n.connect(ctx, to, key.class); err != nil {
 			return err
 		}
+	}
+	var (
+		frame []byte
+		err   error
+	)
+	if _, ok := l.st.(copier); ok {
+		// The stream is done with the frame when send returns: encode
+		// into the peer's buffer (held, like the stream, under sem).
+		frame, err = transfer.AppendFrame(ps.buf[:0], m)
+		if cap(frame) <= maxKeptBuffer {
+			ps.buf = frame[:0]
+		}
+	} else {
+		// A fresh buffer per frame: the stream may retain it.
+		frame, err = transfer.EncodeFrame(m)
+	}
+	if err != nil {
+		return err
 	}
 	if err := ctx.Err(); err != nil {
 		// Not yet written: the link need not be given up.
@@ -197,20 +250,20 @@ func (n *node) write(ctx context.Context, l *link, frame []byte) error {
 }
 
 // connect opens a link to to: dial, handshake, register, start reading.
-func (n *node) connect(ctx context.Context, to transfer.Peer) (*link, error) {
+func (n *node) connect(ctx context.Context, to transfer.Peer, class linkClass) (*link, error) {
 	ctx, cancel := context.WithTimeoutCause(ctx, n.opt.HandshakeTimeout, fmt.Errorf("%w: no hello within %v", ErrHandshake, n.opt.HandshakeTimeout))
 	defer cancel()
 	// The dial ends with the node, too.
 	stop := context.AfterFunc(n.ctx, cancel)
 	defer stop()
-	st, peer, err := n.dial(ctx, to)
+	st, peer, err := n.dial(ctx, to, class)
 	if err != nil {
 		if n.ctx.Err() != nil {
 			return nil, ErrClosed
 		}
 		return nil, err
 	}
-	l := newLink(peer, st)
+	l := newLink(peer, class, st)
 	if peer.Name != to {
 		err := fmt.Errorf("%w: dialled %s, answered by %v", ErrAuth, to, peer)
 		n.refuse(l, err)
@@ -227,8 +280,8 @@ func (n *node) connect(ctx context.Context, to transfer.Peer) (*link, error) {
 
 // accept runs the handshake on a stream a peer opened, in a goroutine of
 // the node's; st is closed on every failure.
-func (n *node) accept(st stream, peer Identity) error {
-	l := newLink(peer, st)
+func (n *node) accept(st stream, peer Identity, class linkClass) error {
+	l := newLink(peer, class, st)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.closed {
@@ -337,28 +390,29 @@ func (n *node) start(l *link) error {
 	}
 	count := 0
 	for o := range n.links {
-		if o.peer.Name == l.peer.Name {
+		if o.peer.Name == l.peer.Name && o.class == l.class {
 			count++
 		}
 	}
 	if count >= n.opt.MaxLinksPerPeer {
-		err := fmt.Errorf("%w: %v already has %d links", ErrHandshake, l.peer, count)
+		err := fmt.Errorf("%w: %v already has %d %v links", ErrHandshake, l.peer, count, l.class)
 		n.refused.Add(1)
 		n.opt.Logger.Warn("link refused", "peer", l.peer.String(), "err", err)
 		l.fail(err)
 		return err
 	}
 	n.links[l] = struct{}{}
-	ps := n.peers[l.peer.Name]
+	key := peerKey{l.peer.Name, l.class}
+	ps := n.peers[key]
 	if ps == nil {
 		ps = &peerState{sem: make(chan struct{}, 1)}
-		n.peers[l.peer.Name] = ps
+		n.peers[key] = ps
 	}
 	if ps.cur == nil || ps.cur.cause() != nil {
 		ps.cur = l
 	}
 	n.up.Add(1)
-	n.opt.Logger.Info("link up", "peer", l.peer.String())
+	n.opt.Logger.Info("link up", "peer", l.peer.String(), "class", l.class.String())
 	n.wg.Go(func() { n.read(l) })
 	return nil
 }
@@ -380,6 +434,9 @@ func (n *node) read(l *link) {
 		}
 		if t := m.Type(); t == transfer.MsgHello || !n.opt.Policy(l.peer.Role, n.self.Role, t) {
 			n.refuse(l, fmt.Errorf("%w: %v may not send %v to a %v node", ErrPolicy, l.peer, t, n.self.Role))
+			return
+		} else if l.class == classPages && t != transfer.MsgPage {
+			n.refuse(l, fmt.Errorf("%w: %v sent %v on a page stream", ErrPolicy, l.peer, t))
 			return
 		}
 		if l.cause() != nil {
@@ -412,10 +469,10 @@ func (n *node) report(l *link, err error) {
 func (n *node) ended(l *link) {
 	n.mu.Lock()
 	delete(n.links, l)
-	if ps := n.peers[l.peer.Name]; ps != nil && ps.cur == l {
+	if ps := n.peers[peerKey{l.peer.Name, l.class}]; ps != nil && ps.cur == l {
 		ps.cur = nil
 		for o := range n.links {
-			if o.peer.Name == l.peer.Name && o.cause() == nil {
+			if o.peer.Name == l.peer.Name && o.class == l.class && o.cause() == nil {
 				ps.cur = o
 				break
 			}
@@ -428,7 +485,7 @@ func (n *node) ended(l *link) {
 	}
 	n.down.Add(1)
 	err := fmt.Errorf("%w: %v: %w", ErrPeerDown, l.peer, l.cause())
-	n.opt.Logger.Info("link down", "peer", l.peer.String(), "err", err)
+	n.opt.Logger.Info("link down", "peer", l.peer.String(), "class", l.class.String(), "err", err)
 	select {
 	case n.inbox <- Inbound{From: l.peer, Down: err}:
 	case <-n.ctx.Done():

@@ -21,9 +21,12 @@ type Transport interface {
 	// (ErrClosed) or m cannot be framed (transfer.ErrFrame). A nil error
 	// is not a delivery receipt: the protocol's own answers are. Send does
 	// not retain m. Messages to one node arrive in the order Send took
-	// them. If ctx ends while the link is blocked taking the frame (the
-	// receiver is slow), the link is closed: a half-sent frame cannot be
-	// taken back.
+	// them, except that a transport with page streams (GRPC) orders Page
+	// frames only among themselves: a Manifest or Commit may overtake the
+	// last pages, which the transfer Receiver allows for (it commits once
+	// the pages the manifest announces have arrived). If ctx ends while
+	// the link is blocked taking the frame (the receiver is slow), the
+	// link is closed: a half-sent frame cannot be taken back.
 	Send(ctx context.Context, to transfer.Peer, m transfer.Message) error
 	// Inbox delivers what arrived, in order per link: messages, each with
 	// the sender's authenticated identity, and a PeerDown event when a link
