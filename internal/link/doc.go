@@ -67,9 +67,9 @@
 // the page stream and over raw TLS 1.3 on TCP (same cipher suite,
 // TLS_AES_128_GCM_SHA256 where the CPU has AES instructions; same codec)
 // on loopback in one run. gRPC streaming stayed under 80% of raw TLS
-// (about 60-70% on a 2-core machine: HTTP/2 framing in 16 KiB DATA
+// (about 55-75% on a 2-core machine: HTTP/2 framing in 16 KiB DATA
 // frames, zeroed pool buffers, two more goroutine hops), so pages moved
-// to the page stream, which keeps about 90% or more; gRPC keeps control.
+// to the page stream, which keeps about 85% or more; gRPC keeps control.
 // The cost of two streams is order: a Page is ordered only among pages
 // (see Transport.Send). GRPCConfig.PagesOverGRPC puts them back on gRPC.
 package link

@@ -50,7 +50,6 @@ type GRPCConfig struct {
 // connections on the same port (pagestream.go), with the same
 // authentication, Hello, codec and policy.
 type GRPC struct {
-	linkpb.UnimplementedLinkServer
 	*node
 	cfg GRPCConfig
 	srv *grpc.Server
@@ -106,7 +105,7 @@ func NewGRPC(cfg GRPCConfig, ln net.Listener) (*GRPC, error) {
 		grpc.InitialConnWindowSize(connWindowSize),
 		grpc.ForceServerCodecV2(frameCodec{}),
 	)
-	linkpb.RegisterLinkServer(g.srv, g)
+	linkpb.RegisterLinkServer(g.srv, linkServer{g: g})
 	g.wg.Go(func() { _ = g.srv.Serve(g.h2) })
 	g.wg.Go(func() { g.acceptLoop(serverTLS) })
 	return g, nil
@@ -284,9 +283,16 @@ func authInfo(ctx context.Context) (Identity, error) {
 	return PeerIdentity(info.State)
 }
 
+// linkServer is the Link service of a GRPC transport.
+type linkServer struct {
+	linkpb.UnimplementedLinkServer
+	g *GRPC
+}
+
 // Exchange is the Link service: a peer opens a link. Its identity is the
 // one its client certificate names (verified in the TLS handshake).
-func (g *GRPC) Exchange(ex linkpb.Link_ExchangeServer) error {
+func (s linkServer) Exchange(ex linkpb.Link_ExchangeServer) error {
+	g := s.g
 	id, err := authInfo(ex.Context())
 	if err != nil {
 		return status.Error(codes.Unauthenticated, err.Error())
