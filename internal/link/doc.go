@@ -13,10 +13,12 @@
 //     one bounded, fuzzed decoder for every message on every transport,
 //     and no format that can execute on the receiver;
 //   - the Policy lets the sender's role send that type to the receiver's
-//     role (DefaultPolicy: only the gateway reserves, only prefill sends
-//     pages, manifests, commits and heartbeats, only decode grants and
-//     confirms, every role aborts another). Anything else closes the link
-//     and is counted (Stats.Refused) and logged.
+//     role (DefaultPolicy: only the gateway reserves, generates and asks
+//     for a prefill; only prefill sends pages, manifests, commits and
+//     heartbeats; only decode grants (the gateway hands a grant on to
+//     prefill), confirms commits and streams tokens; every role aborts
+//     another). Anything else closes the link and is counted
+//     (Stats.Refused) and logged.
 //
 // A link that ends, for any reason but this node's Close, is reported in
 // the inbox as a PeerDown (Inbound.Down) after everything it delivered,

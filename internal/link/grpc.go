@@ -67,8 +67,9 @@ var _ Transport = (*GRPC)(nil)
 // plus the protobuf field's tag and length.
 const maxMessage = transfer.HeaderSize + transfer.MaxFrameBody + transfer.TrailerSize + 16
 
-// NewGRPC returns a GRPC transport that serves links on ln (nil: this
-// node only dials, like a gateway that listens for nobody).
+// NewGRPC returns a GRPC transport that serves links on ln, which Close
+// closes (nil: this node only dials, like a gateway that listens for
+// nobody).
 func NewGRPC(cfg GRPCConfig, ln net.Listener) (*GRPC, error) {
 	if cfg.TLS == nil || cfg.TLS.Server == nil || cfg.TLS.Client == nil {
 		return nil, fmt.Errorf("%w: no TLS configuration", ErrPKI)
