@@ -262,13 +262,8 @@ tokenizes, and its limits must equal theirs: the handshake refuses a mismatch).`
 			}
 			logger := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), nil))
 			invariants.SetStrict(false)
-			var tcfg *tenants.Config
-			var key string
-			if configPath != "" {
-				if tcfg, err = loadTenants(configPath); err != nil {
-					return err
-				}
-			} else if tcfg, key, err = tenants.Default(); err != nil {
+			tcfg, key, err := tenantConfig(configPath)
+			if err != nil {
 				return err
 			}
 			m, err := nf.load()

@@ -161,16 +161,11 @@ that long.`,
 			// In production a broken invariant aborts the request it
 			// touched and is counted; it must not crash every tenant.
 			invariants.SetStrict(false)
-			var tcfg *tenants.Config
 			// The generated key is printed only once the server is about
 			// to listen: a key announced before a failed start is a
 			// credential for nothing, printed for no reason.
-			var key string
-			if configPath != "" {
-				if tcfg, err = loadTenants(configPath); err != nil {
-					return err
-				}
-			} else if tcfg, key, err = tenants.Default(); err != nil {
+			tcfg, key, err := tenantConfig(configPath)
+			if err != nil {
 				return err
 			}
 			// One registry for the gateway's quotas and the scheduler's
@@ -335,6 +330,16 @@ func scrubQuarantine(ctx context.Context, n quarantineScrubber, logger *slog.Log
 		return
 	}
 	logger.Info("SIGUSR1: quarantined KV pages scrubbed and freed", "pages", k)
+}
+
+// tenantConfig reads --config, or without one makes the default tenant
+// and returns its generated key (to print once the server listens).
+func tenantConfig(path string) (cfg *tenants.Config, key string, err error) {
+	if path == "" {
+		return tenants.Default()
+	}
+	cfg, err = loadTenants(path)
+	return cfg, "", err
 }
 
 func loadTenants(path string) (*tenants.Config, error) {

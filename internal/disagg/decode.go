@@ -45,11 +45,9 @@ type DecodeStats struct {
 // handoff to the scheduler, and streams the request's tokens and result to
 // the gateway.
 type Decode struct {
+	*loop
 	cfg  DecodeConfig
 	recv *transfer.Receiver
-	log  *slog.Logger
-
-	events chan func() // run by the loop: results of work done elsewhere
 
 	// owned by the loop
 	reqs map[transfer.ReservationID]*decodeReq
@@ -58,7 +56,6 @@ type Decode struct {
 	refused, committed, failed atomic.Uint64
 	statsMu                    sync.Mutex
 	stats                      transfer.ReceiverStats
-	wg                         sync.WaitGroup
 }
 
 // decodeReq is the driver's record of one request on this node.
@@ -80,15 +77,8 @@ func NewDecode(cfg DecodeConfig) (*Decode, error) {
 	if cfg.Sched == nil || cfg.Transport == nil {
 		return nil, errors.New("disagg: decode needs a scheduler and a transport")
 	}
-	if cfg.TickEvery <= 0 {
-		cfg.TickEvery = 100 * time.Millisecond
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	if cfg.Clock == nil {
-		cfg.Clock = time.Now
-	}
+	lp := newLoop(cfg.TickEvery, cfg.Clock, cfg.Logger)
+	cfg.Clock = lp.clock
 	rc := cfg.Receiver
 	rc.Layout = cfg.Layout
 	// A fresh incarnation per start: ids of a previous run never match.
@@ -98,10 +88,9 @@ func NewDecode(cfg DecodeConfig) (*Decode, error) {
 		return nil, fmt.Errorf("disagg: decode: %w", err)
 	}
 	return &Decode{
-		cfg: cfg, recv: recv, log: cfg.Logger,
-		events: make(chan func(), 64),
-		reqs:   make(map[transfer.ReservationID]*decodeReq),
-		byOw:   make(map[request.Owner]*decodeReq),
+		loop: lp, cfg: cfg, recv: recv,
+		reqs: make(map[transfer.ReservationID]*decodeReq),
+		byOw: make(map[request.Owner]*decodeReq),
 	}, nil
 }
 
@@ -115,30 +104,12 @@ func (d *Decode) Stats() DecodeStats {
 // Run is the driver's loop; it returns when ctx ends, after the requests
 // it started have ended.
 func (d *Decode) Run(ctx context.Context) error {
-	tick := time.NewTicker(d.cfg.TickEvery)
-	defer tick.Stop()
-	defer d.wg.Wait()
-	inbox := d.cfg.Transport.Inbox()
-	for {
-		select {
-		case <-ctx.Done():
-			d.stop()
-			return nil
-		case in, ok := <-inbox:
-			if !ok {
-				// The link is gone: nobody can send the pages or take the
-				// tokens. End everything, which frees every page.
-				d.stop()
-				return nil
-			}
-			d.inbound(ctx, in)
-		case f := <-d.events:
-			f()
-		case now := <-tick.C:
-			d.recv.Tick(transfer.Time(now.UnixNano()))
-		}
-		d.effects(ctx)
-	}
+	return d.run(ctx, d.cfg.Transport.Inbox(), handlers{
+		inbound: d.inbound,
+		tick:    func(now time.Time) { d.recv.Tick(transfer.Time(now.UnixNano())) },
+		after:   d.effects,
+		stop:    d.stop,
+	})
 }
 
 // stop ends every request the driver started.
@@ -370,14 +341,6 @@ func (d *Decode) endRequest(id transfer.ReservationID, owner request.Owner, reas
 	}
 	if err := d.cfg.Sched.Fail(owner, cause); err != nil && !errors.Is(err, request.ErrNotFound) {
 		d.log.Warn("ending a failed handoff's request", "owner", owner, "err", err)
-	}
-}
-
-// post runs f on the loop, unless the loop has stopped.
-func (d *Decode) post(ctx context.Context, f func()) {
-	select {
-	case d.events <- f:
-	case <-ctx.Done():
 	}
 }
 

@@ -42,10 +42,9 @@ type PrefillStats struct {
 // the prompt in the scheduler (SubmitPrefill) and hands the exported pages,
 // the manifest and the commit to the decode node through the sender core.
 type Prefill struct {
-	cfg    PrefillConfig
-	send   *transfer.Sender
-	log    *slog.Logger
-	events chan func()
+	*loop
+	cfg  PrefillConfig
+	send *transfer.Sender
 
 	// owned by the loop
 	jobs map[transfer.ReservationID]*prefillJob
@@ -53,7 +52,6 @@ type Prefill struct {
 	failed, started atomic.Uint64
 	statsMu         sync.Mutex
 	stats           transfer.SenderStats
-	wg              sync.WaitGroup
 }
 
 type prefillJob struct {
@@ -69,22 +67,15 @@ func NewPrefill(cfg PrefillConfig) (*Prefill, error) {
 	if cfg.Sched == nil || cfg.Transport == nil {
 		return nil, errors.New("disagg: prefill needs a scheduler and a transport")
 	}
-	if cfg.TickEvery <= 0 {
-		cfg.TickEvery = 100 * time.Millisecond
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	if cfg.Clock == nil {
-		cfg.Clock = time.Now
-	}
+	lp := newLoop(cfg.TickEvery, cfg.Clock, cfg.Logger)
+	cfg.Clock = lp.clock
 	sc := cfg.Sender
 	sc.Layout = cfg.Layout
 	s, err := transfer.NewSender(sc, transfer.Time(cfg.Clock().UnixNano()))
 	if err != nil {
 		return nil, fmt.Errorf("disagg: prefill: %w", err)
 	}
-	return &Prefill{cfg: cfg, send: s, log: cfg.Logger, events: make(chan func(), 64), jobs: make(map[transfer.ReservationID]*prefillJob)}, nil
+	return &Prefill{loop: lp, cfg: cfg, send: s, jobs: make(map[transfer.ReservationID]*prefillJob)}, nil
 }
 
 // Stats returns the driver's counters.
@@ -97,28 +88,12 @@ func (p *Prefill) Stats() PrefillStats {
 // Run is the driver's loop; it returns when ctx ends, after the prefills
 // it started have ended.
 func (p *Prefill) Run(ctx context.Context) error {
-	tick := time.NewTicker(p.cfg.TickEvery)
-	defer tick.Stop()
-	defer p.wg.Wait()
-	inbox := p.cfg.Transport.Inbox()
-	for {
-		select {
-		case <-ctx.Done():
-			p.stop()
-			return nil
-		case in, ok := <-inbox:
-			if !ok {
-				p.stop()
-				return nil
-			}
-			p.inbound(ctx, in)
-		case f := <-p.events:
-			f()
-		case now := <-tick.C:
-			p.send.Tick(transfer.Time(now.UnixNano()))
-		}
-		p.effects(ctx)
-	}
+	return p.run(ctx, p.cfg.Transport.Inbox(), handlers{
+		inbound: p.inbound,
+		tick:    func(now time.Time) { p.send.Tick(transfer.Time(now.UnixNano())) },
+		after:   p.effects,
+		stop:    p.stop,
+	})
 }
 
 // stop ends every prefill the driver started.
@@ -181,13 +156,13 @@ func (p *Prefill) start(ctx context.Context, from transfer.Peer, m *transfer.Pre
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
-		ex, err := p.run(rctx, params)
+		ex, err := p.prefill(rctx, params)
 		p.post(ctx, func() { p.exported(j, ex, err) })
 	}()
 }
 
-// run computes params' prompt and returns its export.
-func (p *Prefill) run(ctx context.Context, params request.Params) (sched.Export, error) {
+// prefill computes params' prompt and returns its export.
+func (p *Prefill) prefill(ctx context.Context, params request.Params) (sched.Export, error) {
 	st, err := p.cfg.Sched.SubmitPrefill(ctx, params)
 	if err != nil {
 		return sched.Export{}, err
@@ -284,13 +259,6 @@ func (p *Prefill) refuse(ctx context.Context, to transfer.Peer, ref transfer.Ref
 	p.failed.Add(1)
 	p.log.Warn("prefill refused", "ref", ref, "err", err)
 	p.sendMsg(ctx, to, &transfer.Abort{Ref: ref, Reason: transfer.ReasonPrefillFailed})
-}
-
-func (p *Prefill) post(ctx context.Context, f func()) {
-	select {
-	case p.events <- f:
-	case <-ctx.Done():
-	}
 }
 
 func (p *Prefill) sendMsg(ctx context.Context, to transfer.Peer, m transfer.Message) {
