@@ -445,8 +445,12 @@ func TestClientAbortAtEveryPhase(t *testing.T) {
 				n++
 			}
 			res := st.Result()
-			if res.Reason.Success() && n == 64 {
-				t.Skip("the request finished before the abort reached it") // not a failure: nothing to check
+			if res.Reason.Success() && res.Usage.CompletionTokens == 64 {
+				// The abort lost the race with the last token: the client
+				// had already left, nothing was answered. Pages must still
+				// come back.
+				checkBaseline(t, l)
+				return
 			}
 			if res.Reason.Success() {
 				t.Fatalf("aborted request ended %v after %d tokens", res.Reason, n)

@@ -203,3 +203,42 @@ func checkBaseline(t *testing.T, l *Local) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestRouting: a tenant's prompts that start alike go to the prefill node
+// that holds their prefix (and are served from its cache), another
+// tenant's identical prompt is not steered by it, and requests spread over
+// the decode nodes.
+func TestRouting(t *testing.T) {
+	o := nodeOptions()
+	o.PrefixCache = true
+	l := startLocal(t, LocalConfig{Prefill: 2, Decode: 2, Node: o})
+	ps := prompts(t, l)
+	long := ps[6] // 33 tokens: two full pages to share
+	first := run(t, l, params("acme", long, 2))
+	second := run(t, l, params("acme", append(append([]int(nil), long[:32]...), 7, 8, 9), 2))
+	if !first.res.Reason.Success() || !second.res.Reason.Success() {
+		t.Fatalf("%v %v", first.res, second.res)
+	}
+	if second.res.Usage.CachedTokens != 32 {
+		t.Errorf("second prompt served %d cached tokens, want 32 (the prefill node that holds the prefix)", second.res.Usage.CachedTokens)
+	}
+	other := run(t, l, params("globex", long, 2))
+	if other.res.Usage.CachedTokens != 0 {
+		t.Errorf("another tenant's prompt hit a cache: %d tokens", other.res.Usage.CachedTokens)
+	}
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			run(t, l, params(fmt.Sprint("t", i), ps[i%3], 16))
+		}()
+	}
+	wg.Wait()
+	for i, d := range l.DecodeDrivers {
+		if d.Stats().Committed == 0 {
+			t.Errorf("decode-%d took no request", i)
+		}
+	}
+	checkBaseline(t, l)
+}

@@ -156,16 +156,16 @@ func (p *Prefill) start(ctx context.Context, from transfer.Peer, m *transfer.Pre
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
-		ex, err := p.prefill(rctx, params)
-		p.post(ctx, func() { p.exported(j, ex, err) })
+		ex, cached, err := p.prefill(rctx, params)
+		p.post(ctx, func() { p.exported(ctx, j, ex, cached, err) })
 	}()
 }
 
 // prefill computes params' prompt and returns its export.
-func (p *Prefill) prefill(ctx context.Context, params request.Params) (sched.Export, error) {
+func (p *Prefill) prefill(ctx context.Context, params request.Params) (ex sched.Export, cached int, err error) {
 	st, err := p.cfg.Sched.SubmitPrefill(ctx, params)
 	if err != nil {
-		return sched.Export{}, err
+		return sched.Export{}, 0, err
 	}
 	for {
 		if _, err := st.Recv(context.Background()); err != nil {
@@ -175,16 +175,16 @@ func (p *Prefill) prefill(ctx context.Context, params request.Params) (sched.Exp
 	res := st.Result()
 	ex, ok := st.Export()
 	if !ok || !res.Reason.Success() {
-		return sched.Export{}, fmt.Errorf("prefill ended %s: %w", res.Reason, cmpErr(res.Err, request.ErrInternal))
+		return sched.Export{}, 0, fmt.Errorf("prefill ended %s: %w", res.Reason, cmpErr(res.Err, request.ErrInternal))
 	}
 	if ex.Owner != params.Owner {
-		return sched.Export{}, fmt.Errorf("%w: export of %v for %v", request.ErrInternal, ex.Owner, params.Owner)
+		return sched.Export{}, 0, fmt.Errorf("%w: export of %v for %v", request.ErrInternal, ex.Owner, params.Owner)
 	}
-	return ex, nil
+	return ex, res.Usage.CachedTokens, nil
 }
 
 // exported hands a finished prefill to the sender, or aborts its handoff.
-func (p *Prefill) exported(j *prefillJob, ex sched.Export, err error) {
+func (p *Prefill) exported(ctx context.Context, j *prefillJob, ex sched.Export, cached int, err error) {
 	id := j.grant.ID
 	if p.jobs[id] != j {
 		return // ended meanwhile
@@ -207,7 +207,11 @@ func (p *Prefill) exported(j *prefillJob, ex sched.Export, err error) {
 	}
 	if err := p.send.PrefillDone(id, ex.Tokens, ex.FirstToken); err != nil {
 		p.log.Warn("prefill refused by the sender", "ref", j.grant.Ref, "err", err)
+		return
 	}
+	// The gateway's usage counts what this node's prefix cache served.
+	p.sendMsg(ctx, j.gateway, &transfer.Result{Ref: j.grant.Ref, Reason: request.FinishLength,
+		Usage: request.Usage{PromptTokens: ex.Tokens, CachedTokens: cached}})
 }
 
 // effects carries out what the sender asks, in order, until it asks for

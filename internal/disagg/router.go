@@ -2,6 +2,8 @@ package disagg
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -63,13 +65,18 @@ type Router struct {
 	cfg RouterConfig
 	log *slog.Logger
 
-	mu      sync.Mutex
-	calls   map[request.Owner]*call
-	next    int                         // round robin over decode nodes
-	load    map[transfer.Peer]int       // requests in flight per prefill node
-	down    map[transfer.Peer]time.Time // nodes out of rotation, until
-	fails   map[string]uint64
-	stopped bool
+	mu    sync.Mutex
+	calls map[request.Owner]*call
+	next  int                         // round robin over decode nodes
+	load  map[transfer.Peer]int       // requests in flight per prefill node
+	pages map[transfer.Peer]int       // worst-case KV pages of the requests in flight per decode node
+	down  map[transfer.Peer]time.Time // nodes out of rotation, until
+	// affinity remembers which prefill node last computed a tenant's
+	// prompt prefix (its first page), so that the node's tenant-scoped
+	// prefix cache can serve the next prompt that starts the same way.
+	affinity map[[32]byte]transfer.Peer
+	fails    map[string]uint64
+	stopped  bool
 
 	submitted, committed, succeeded, failed, refused atomic.Uint64
 	done                                             chan struct{}
@@ -93,7 +100,8 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	}
 	return &Router{
 		Vocabulary: cfg.Vocabulary, cfg: cfg, log: cfg.Logger,
-		calls: make(map[request.Owner]*call), load: make(map[transfer.Peer]int), down: make(map[transfer.Peer]time.Time), fails: make(map[string]uint64),
+		calls: make(map[request.Owner]*call), load: make(map[transfer.Peer]int), pages: make(map[transfer.Peer]int),
+		down: make(map[transfer.Peer]time.Time), affinity: make(map[[32]byte]transfer.Peer), fails: make(map[string]uint64),
 		done: make(chan struct{}),
 	}, nil
 }
@@ -118,7 +126,9 @@ type call struct {
 	epoch   uint64
 	decode  transfer.Peer
 	prefill transfer.Peer
-	tried   int // decode nodes tried
+	tried   map[transfer.Peer]bool // decode nodes tried
+	pages   int                    // worst-case KV pages, charged to the decode node
+	cached  int                    // prompt tokens the prefill node's prefix cache served
 
 	// Tokens wait in buf until the pump hands them to the tokens channel:
 	// the router's loop never blocks on a slow client (buf is bounded by
@@ -165,8 +175,10 @@ func (rt *Router) Submit(ctx context.Context, p request.Params) (gateway.Stream,
 		return nil, fmt.Errorf("%w: duplicate request id", request.ErrInternal)
 	}
 	rt.calls[p.Owner] = c
-	c.prefill = rt.pickPrefill()
+	c.prefill = rt.pickPrefill(p)
 	rt.load[c.prefill]++
+	c.pages = request.MaxKVPages(len(p.Prompt), p.MaxTokens, rt.Limits().PageSize)
+	c.tried = map[transfer.Peer]bool{}
 	rt.mu.Unlock()
 	rt.submitted.Add(1)
 	if err := rt.reserve(c); err != nil {
@@ -216,23 +228,84 @@ func (c *call) wake() {
 	}
 }
 
-// pickPrefill is the prefill node in rotation with the fewest requests in
-// flight (any node when none is in rotation: it may have come back).
-// Called with rt.mu held.
-func (rt *Router) pickPrefill() transfer.Peer {
+// affinitySlack is how many more requests in flight than the least
+// loaded node a prefill node may have and still be preferred for holding
+// the prompt's prefix.
+const affinitySlack = 2
+
+// maxAffinity bounds the affinity table; past it the table starts over.
+const maxAffinity = 1 << 16
+
+// prefixKey names a tenant's prompt prefix: the first page of tokens under
+// the tenant and its cache salt (the same scope as the nodes' prefix
+// cache, so one tenant's prompts never steer another's). ok is false for
+// prompts shorter than two pages' worth: nothing to share.
+func prefixKey(p request.Params, pageSize int) (k [32]byte, ok bool) {
+	if pageSize <= 0 || len(p.Prompt) <= pageSize {
+		return k, false
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "%d:%s|%d:%s|", len(p.Owner.Tenant), p.Owner.Tenant, len(p.CacheSalt), p.CacheSalt)
+	var b [4]byte
+	for _, t := range p.Prompt[:pageSize] {
+		binary.BigEndian.PutUint32(b[:], uint32(t))
+		h.Write(b[:])
+	}
+	h.Sum(k[:0])
+	return k, true
+}
+
+// pickPrefill chooses p's prefill node among those in rotation: the one
+// that last computed p's prefix if it is not much busier than the rest,
+// else the one with the fewest requests in flight (any node when none is
+// in rotation: it may have come back). Called with rt.mu held.
+func (rt *Router) pickPrefill(p request.Params) transfer.Peer {
 	var best transfer.Peer
-	for _, p := range rt.cfg.Prefill {
-		if rt.isDown(p) {
+	for _, n := range rt.cfg.Prefill {
+		if rt.isDown(n) {
 			continue
 		}
-		if best == "" || rt.load[p] < rt.load[best] {
-			best = p
+		if best == "" || rt.load[n] < rt.load[best] {
+			best = n
 		}
 	}
 	if best == "" {
 		best = rt.cfg.Prefill[rt.next%len(rt.cfg.Prefill)]
 	}
+	key, ok := prefixKey(p, rt.Limits().PageSize)
+	if !ok {
+		return best
+	}
+	if n, hit := rt.affinity[key]; hit && !rt.isDown(n) && rt.load[n] <= rt.load[best]+affinitySlack {
+		best = n
+	}
+	if len(rt.affinity) >= maxAffinity {
+		clear(rt.affinity)
+	}
+	rt.affinity[key] = best
 	return best
+}
+
+// pickDecode chooses c's decode node: among those in rotation and not yet
+// tried for c, the one with the fewest KV pages promised to the requests
+// in flight on it (a node with no room refuses the reservation at once,
+// and the next one is tried). Called with rt.mu held.
+func (rt *Router) pickDecode(c *call) (transfer.Peer, bool) {
+	var best transfer.Peer
+	for _, pass := range []bool{false, true} { // in rotation first, then any untried
+		for _, n := range rt.cfg.Decode {
+			if c.tried[n] || (!pass && rt.isDown(n)) {
+				continue
+			}
+			if best == "" || rt.pages[n] < rt.pages[best] {
+				best = n
+			}
+		}
+		if best != "" {
+			return best, true
+		}
+	}
+	return "", false
 }
 
 // isDown reports whether node is out of rotation. Called with rt.mu held.
@@ -260,14 +333,18 @@ const sendTimeout = 10 * time.Second
 // reserve sends the request to the next decode node (a new epoch per try).
 func (rt *Router) reserve(c *call) error {
 	rt.mu.Lock()
-	for range rt.cfg.Decode {
-		c.decode = rt.cfg.Decode[rt.next%len(rt.cfg.Decode)]
-		rt.next++
-		if !rt.isDown(c.decode) {
-			break
-		}
+	if c.decode != "" {
+		rt.pages[c.decode] -= c.pages
 	}
-	c.tried++
+	d, ok := rt.pickDecode(c)
+	if !ok {
+		c.decode = ""
+		rt.mu.Unlock()
+		return fmt.Errorf("%w: every decode node refused or is down", request.ErrOverloaded)
+	}
+	c.decode = d
+	c.tried[d] = true
+	rt.pages[d] += c.pages
 	c.epoch++
 	c.ref = transfer.Ref{Owner: c.owner, Epoch: c.epoch}
 	rt.mu.Unlock()
@@ -277,8 +354,8 @@ func (rt *Router) reserve(c *call) error {
 	defer cancel()
 	if err := rt.cfg.Transport.Send(ctx, c.decode, m); err != nil {
 		rt.markDown(c.decode)
-		if c.tried < len(rt.cfg.Decode) {
-			return rt.reserve(c)
+		if err := rt.reserve(c); err == nil {
+			return nil
 		}
 		return fmt.Errorf("%w: decode node %s: %v", request.ErrOverloaded, c.decode, err)
 	}
@@ -342,6 +419,9 @@ func (rt *Router) end(c *call, res request.Result) {
 	c.res = res
 	delete(rt.calls, c.owner)
 	rt.load[c.prefill]--
+	if c.decode != "" {
+		rt.pages[c.decode] -= c.pages
+	}
 	rt.mu.Unlock()
 	if res.Reason.Success() {
 		rt.succeeded.Add(1)
@@ -383,6 +463,17 @@ func (rt *Router) shutdown() {
 	for _, c := range calls {
 		rt.end(c, request.Result{Reason: request.FinishAbort, Err: request.ErrShuttingDown})
 	}
+}
+
+// prefillOf returns the call whose prefill node from is, if ref names it.
+func (rt *Router) prefillOf(from transfer.Peer, ref transfer.Ref) *call {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	c := rt.calls[ref.Owner]
+	if c == nil || c.ended || ref.Epoch != c.epoch || from != c.prefill || from == c.decode || ref.ID != c.ref.ID {
+		return nil
+	}
+	return c
 }
 
 // owned returns the call a message names, checking that it came from the
@@ -462,11 +553,19 @@ func (rt *Router) inbound(ctx context.Context, in link.Inbound) {
 		}
 		c.wake()
 	case *transfer.Result:
+		if c := rt.prefillOf(from, m.Ref); c != nil && m.Reason.Success() {
+			// The prefill node's account of the prompt: how much of it
+			// its prefix cache served. The request goes on at decode.
+			rt.mu.Lock()
+			c.cached = m.Usage.CachedTokens
+			rt.mu.Unlock()
+			return
+		}
 		c := rt.owned(from, m.Ref, true)
 		if c == nil {
 			return
 		}
-		if !c.granted && m.Code == transfer.CodeOverloaded && c.tried < len(rt.cfg.Decode) {
+		if !c.granted && m.Code == transfer.CodeOverloaded {
 			// No room there now: try the next decode node.
 			if err := rt.reserve(c); err == nil {
 				return
@@ -485,6 +584,9 @@ func (rt *Router) inbound(ctx context.Context, in link.Inbound) {
 			res = request.Result{Reason: request.FinishError, Err: fmt.Errorf("%w: result before the handoff committed", request.ErrInternal)}
 		}
 		res.Usage.PromptTokens = len(c.params.Prompt)
+		rt.mu.Lock()
+		res.Usage.CachedTokens = c.cached
+		rt.mu.Unlock()
 		rt.end(c, res)
 	case *transfer.Abort:
 		_ = rt.cfg.Transport.Send(ctx, from, &transfer.AbortAck{Ref: m.Ref, Drained: true})
