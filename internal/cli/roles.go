@@ -161,7 +161,7 @@ func runNodeRole(cmd *cobra.Command, nf *nodeFlags, lf *linkFlags, role transfer
 	if err := reg.Register(n.Collector()); err != nil {
 		return err
 	}
-	for _, c := range gateway.PoolCollectors(n) {
+	for _, c := range append(gateway.PoolCollectors(n), gateway.ProcessCollectors()...) {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

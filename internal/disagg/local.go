@@ -194,6 +194,7 @@ func (l *Local) PoolStats() gateway.PoolStats {
 		p := n.PoolStats()
 		s.PagesTotal += p.PagesTotal
 		s.PagesFree += p.PagesFree
+		s.PagesCached += p.PagesCached
 		s.PagesUsed += p.PagesUsed
 		s.PagesQuarantined += p.PagesQuarantined
 		s.QueueDepth += p.QueueDepth

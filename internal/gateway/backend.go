@@ -71,10 +71,13 @@ type Stream interface {
 }
 
 // PoolStats is a snapshot of the backend's state for gauges.
+// The page counts add up: PagesTotal = PagesFree + PagesCached +
+// PagesUsed + PagesQuarantined.
 type PoolStats struct {
 	PagesTotal       int
-	PagesFree        int
-	PagesUsed        int
+	PagesFree        int // on the free list
+	PagesCached      int // prefix-cache pages no sequence holds: evictable, still their tenant's
+	PagesUsed        int // held by sequences (owned, or shared and referenced)
 	PagesQuarantined int
 	QueueDepth       int // requests admitted but not yet running
 	Running          int // requests prefilling or decoding

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
 // metrics are registered on a registry private to one Server, so that
@@ -58,6 +59,7 @@ func newMetrics(b Backend) *metrics {
 	})
 	m.reg.MustRegister(m.requests, m.ttft, m.interToken, m.promptTokens, m.completionTokens,
 		m.inFlight, m.ownerMismatch, m.abortedCompleted, m.badStream)
+	m.reg.MustRegister(ProcessCollectors()...)
 
 	if src, ok := b.(StatsSource); ok {
 		m.reg.MustRegister(PoolCollectors(src)...)
@@ -74,9 +76,10 @@ func PoolCollectors(src StatsSource) []prometheus.Collector {
 			func() float64 { return float64(f(src.PoolStats())) })
 	}
 	return []prometheus.Collector{
-		gauge("pagewarden_kv_pages_total", "KV pages in the pool.", func(p PoolStats) int { return p.PagesTotal }),
-		gauge("pagewarden_kv_pages_free", "Free KV pages.", func(p PoolStats) int { return p.PagesFree }),
-		gauge("pagewarden_kv_pages_used", "KV pages owned or shared.", func(p PoolStats) int { return p.PagesUsed }),
+		gauge("pagewarden_kv_pages", "KV pages in the pool: free + cached + used + quarantined.", func(p PoolStats) int { return p.PagesTotal }),
+		gauge("pagewarden_kv_pages_free", "KV pages on the free list.", func(p PoolStats) int { return p.PagesFree }),
+		gauge("pagewarden_kv_pages_cached", "Prefix-cache KV pages that no sequence holds (evictable; counted under their tenant in pagewarden_kv_pages_by_tenant).", func(p PoolStats) int { return p.PagesCached }),
+		gauge("pagewarden_kv_pages_used", "KV pages held by sequences (owned, or shared and referenced).", func(p PoolStats) int { return p.PagesUsed }),
 		gauge("pagewarden_kv_pages_quarantined", "Quarantined KV pages.", func(p PoolStats) int { return p.PagesQuarantined }),
 		gauge("pagewarden_queue_depth", "Requests admitted and waiting to run.", func(p PoolStats) int { return p.QueueDepth }),
 		gauge("pagewarden_running_requests", "Requests prefilling or decoding.", func(p PoolStats) int { return p.Running }),
@@ -88,5 +91,15 @@ func PoolCollectors(src StatsSource) []prometheus.Collector {
 			Name: "pagewarden_aborted_but_completed_total",
 			Help: "Requests that reached Finished after being aborted (I4). Must stay 0.",
 		}, func() float64 { return float64(src.AbortedButCompleted()) }),
+	}
+}
+
+// ProcessCollectors are the Go runtime, process and build-info metrics
+// every pagewarden process exports (go_*, process_*, go_build_info).
+func ProcessCollectors() []prometheus.Collector {
+	return []prometheus.Collector{
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		collectors.NewBuildInfoCollector(),
 	}
 }

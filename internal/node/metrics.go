@@ -106,7 +106,7 @@ func (n *Node) refresh() {
 func (n *Node) PoolStats() gateway.PoolStats {
 	st, _ := n.published()
 	return gateway.PoolStats{
-		PagesTotal: st.Pool.TotalPages, PagesFree: st.Pool.FreePages + st.Pool.CachedPages,
+		PagesTotal: st.Pool.TotalPages, PagesFree: st.Pool.FreePages, PagesCached: st.Pool.CachedPages,
 		PagesUsed:        st.Pool.OwnedPages + st.Pool.SharedPages - st.Pool.CachedPages,
 		PagesQuarantined: st.Pool.QuarantinedPages,
 		QueueDepth:       st.Core.Queued, Running: st.Core.Running,

@@ -146,7 +146,7 @@ func TestScrapeDuringLongStep(t *testing.T) {
 			"pagewarden_isolation_violations_total":   1,
 			"pagewarden_sched_owner_mismatches_total": 1,
 			"pagewarden_aborted_but_completed_total":  0,
-			"pagewarden_kv_pages_total":               float64(before.Pool.TotalPages),
+			"pagewarden_kv_pages":                     float64(before.Pool.TotalPages),
 			"pagewarden_kv_pages_quarantined":         float64(before.Pool.QuarantinedPages),
 			"pagewarden_kv_page_quarantines_total":    float64(before.Pool.Quarantines),
 			"pagewarden_kv_page_scrubs_total":         float64(before.Pool.Scrubs),

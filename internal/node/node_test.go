@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/pagewarden/pagewarden/internal/engine"
 	"github.com/pagewarden/pagewarden/internal/gateway"
@@ -262,6 +263,19 @@ func TestCollectorExportsPoolCounters(t *testing.T) {
 		if v, ok := got[name]; !ok || v != 0 {
 			t.Errorf("%s = %v (exported %v), want an exported 0", name, v, ok)
 		}
+	}
+	// promtool's checks over what a node process exports.
+	for _, c := range append(gateway.PoolCollectors(s.node), gateway.ProcessCollectors()...) {
+		if err := reg.Register(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	problems, err := testutil.GatherAndLint(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
 	}
 }
 
