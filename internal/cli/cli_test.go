@@ -213,7 +213,7 @@ func TestCapacity(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("exit %d, stderr:\n%s", r.code, r.stderr)
 	}
-	for _, s := range []string{"builtin:tiny", "kv memory        8388608 bytes (8.0 MiB)", "pages            256", "max context (W):   2048", "usable KV tokens:  4096"} {
+	for _, s := range []string{"builtin:tiny", "kv memory        8388608 bytes (8.0 MiB; --kv-memory)", "pages            256", "max context (W):   2048", "usable KV tokens:  4096"} {
 		if !strings.Contains(r.stdout, s) {
 			t.Errorf("capacity output does not contain %q:\n%s", s, r.stdout)
 		}

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
-	"runtime"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -13,6 +12,7 @@ import (
 	"github.com/pagewarden/pagewarden/internal/kvcache"
 	"github.com/pagewarden/pagewarden/internal/model"
 	"github.com/pagewarden/pagewarden/internal/request"
+	"github.com/pagewarden/pagewarden/internal/resources"
 )
 
 // modelFlags are the flags every command that loads a model shares.
@@ -27,7 +27,7 @@ type modelFlags struct {
 func (f *modelFlags) register(c *cobra.Command) {
 	c.Flags().StringVarP(&f.model, "model", "m", "builtin:tiny", "model: a GGUF file, a llama2.c .bin checkpoint (with --tokenizer), or builtin:NAME ("+strings.Join(model.BuiltinNames(), ", ")+")")
 	c.Flags().StringVar(&f.tokenizer, "tokenizer", "", "llama2.c tokenizer.bin (only for .bin checkpoints)")
-	c.Flags().IntVarP(&f.threads, "threads", "t", runtime.NumCPU(), "compute threads")
+	c.Flags().IntVarP(&f.threads, "threads", "t", resources.Threads(), "compute threads (default: GOMAXPROCS, which follows the container's CPU quota)")
 	c.Flags().StringVar(&f.kvType, "kv-type", "f32", "KV cache element type: f32 or f16")
 	c.Flags().IntVar(&f.pageSize, "page-size", 16, "tokens per KV page")
 }

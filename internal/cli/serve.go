@@ -108,7 +108,7 @@ func capacityCmd() *cobra.Command {
 			capa, err := node.Plan(m, o)
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "model            %s (%s, %d layers, %d kv heads x %d, context %d)\n", m.Name, m.WeightType, m.Config.Layers, m.Config.KVHeads, m.Config.HeadDim, m.Config.ContextLength)
-			fmt.Fprintf(out, "kv memory        %d bytes (%.1f MiB)\n", capa.KVMemory, float64(capa.KVMemory)/(1<<20))
+			fmt.Fprintf(out, "kv memory        %d bytes (%.1f MiB; %s)\n", capa.KVMemory, float64(capa.KVMemory)/(1<<20), capa.KVMemorySource)
 			fmt.Fprintf(out, "pages            %d\n", capa.Pages)
 			if err != nil {
 				return err

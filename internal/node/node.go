@@ -7,9 +7,6 @@ package node
 import (
 	"context"
 	"errors"
-	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -18,6 +15,7 @@ import (
 	"github.com/pagewarden/pagewarden/internal/kvcache"
 	"github.com/pagewarden/pagewarden/internal/model"
 	"github.com/pagewarden/pagewarden/internal/request"
+	"github.com/pagewarden/pagewarden/internal/resources"
 	"github.com/pagewarden/pagewarden/internal/sched"
 	"github.com/pagewarden/pagewarden/internal/transfer"
 )
@@ -98,6 +96,10 @@ var (
 // Capacity is what start-up computes, printed by `pagewarden capacity`.
 type Capacity struct {
 	KVMemory int64
+	// KVMemorySource says where KVMemory came from: the flag, or which
+	// default (a share of the container's or the host's memory, or the
+	// 16-window cap).
+	KVMemorySource string
 	Pages    int
 	Limits   sched.Limits
 }
@@ -112,16 +114,16 @@ func Plan(m *model.Model, o Options) (Capacity, error) {
 	if err := layout.Validate(); err != nil {
 		return Capacity{}, err
 	}
-	mem := o.KVMemory
+	mem, src := o.KVMemory, "--kv-memory"
 	if mem <= 0 {
-		mem = defaultKVMemory(layout, c.ContextLength)
+		mem, src = defaultKVMemory(layout, c.ContextLength)
 	}
 	pages := kvcache.PagesForMemory(layout, mem)
 	lim, err := sched.ComputeLimits(sched.ModelShape{ContextLength: c.ContextLength, Vocab: c.Vocab}, layout, pages, o.MaxContext, o.SafetyMargin)
 	if err != nil {
-		return Capacity{KVMemory: mem, Pages: pages}, err
+		return Capacity{KVMemory: mem, KVMemorySource: src, Pages: pages}, err
 	}
-	return Capacity{KVMemory: mem, Pages: pages, Limits: lim}, nil
+	return Capacity{KVMemory: mem, KVMemorySource: src, Pages: pages, Limits: lim}, nil
 }
 
 func (o Options) withDefaults() Options {
@@ -140,35 +142,17 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// defaultKVMemory is a quarter of available memory, capped at 16 full
-// context windows (more is wasted on a CPU node), and at least one page.
-func defaultKVMemory(l kvcache.Layout, ctx int) int64 {
+// defaultKVMemory is a quarter of the memory this process may still use
+// (the container's limit when it has one: package resources), capped at 16
+// full context windows (more is wasted on a CPU node), and at least one
+// page.
+func defaultKVMemory(l kvcache.Layout, ctx int) (int64, string) {
 	perWindow := int64((ctx+l.PageSize-1)/l.PageSize) * l.PageBytes()
-	want := 16 * perWindow
-	if avail := availableMemory(); avail > 0 && avail/4 < want {
-		want = avail / 4
+	want, src := 16*perWindow, "16 context windows"
+	if avail := resources.AvailableMemory(); avail.Bytes > 0 && avail.Bytes/4 < want {
+		want, src = avail.Bytes/4, "a quarter of "+avail.Source
 	}
-	return max(want, l.PageBytes())
-}
-
-// availableMemory reads MemAvailable from /proc/meminfo; 0 if unknown.
-func availableMemory() int64 {
-	data, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
-			f := strings.Fields(rest)
-			if len(f) >= 1 {
-				kb, err := strconv.ParseInt(f[0], 10, 64)
-				if err == nil {
-					return kb << 10
-				}
-			}
-		}
-	}
-	return 0
+	return max(want, l.PageBytes()), src
 }
 
 // Start builds the pool, the engine and the scheduler for m and starts the
