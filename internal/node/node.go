@@ -100,8 +100,8 @@ type Capacity struct {
 	// default (a share of the container's or the host's memory, or the
 	// 16-window cap).
 	KVMemorySource string
-	Pages    int
-	Limits   sched.Limits
+	Pages          int
+	Limits         sched.Limits
 }
 
 // Plan computes the pool size and the limits for m under o without

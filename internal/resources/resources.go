@@ -68,7 +68,7 @@ func cgroupDir(root fs.FS) (string, bool) {
 	}
 	for _, line := range strings.Split(string(data), "\n") {
 		if p, ok := strings.CutPrefix(line, "0::"); ok {
-			return path.Join("sys/fs/cgroup", path.Clean("/"+p)[1:]), true
+			return path.Join("sys/fs/cgroup", path.Clean("/" + p)[1:]), true
 		}
 	}
 	return "", false
