@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/spf13/cobra"
 )
@@ -43,6 +44,11 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// that cobra does not report an unknown subcommand as a plain error.
 	root.Args = cobra.NoArgs
 	root.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+	// --version prints what `pagewarden version` prints.
+	var v strings.Builder
+	writeVersion(&v)
+	root.Version = v.String()
+	root.SetVersionTemplate("{{.Version}}")
 	for _, c := range append(root.Commands(), root) {
 		if check := c.Args; check != nil {
 			c.Args = func(cmd *cobra.Command, args []string) error {

@@ -259,3 +259,22 @@ func TestBench(t *testing.T) {
 		t.Errorf("header %q", lines[0])
 	}
 }
+
+func TestVersion(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := Main(context.Background(), []string{"version"}, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	for _, want := range []string{"pagewarden ", "commit ", "go ", "kernels ", "handoff    protocol 1"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("version output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestVersionFlag(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := Main(context.Background(), []string{"--version"}, &out, &errOut); code != 0 || !strings.Contains(out.String(), "handoff    protocol") {
+		t.Fatalf("exit %d: %q %q", code, out.String(), errOut.String())
+	}
+}
