@@ -27,6 +27,17 @@ else
   echo "note: npm not found; the openai npm client compatibility tests are skipped"
 fi
 
+# The alert rules are checked by promtool, from Debian's prometheus package.
+if ! command -v promtool >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus) >/dev/null 2>&1 ||
+    echo "note: could not install promtool (Debian package prometheus)"
+fi
+if command -v promtool >/dev/null 2>&1; then
+  promtool check rules deploy/monitoring/alerts.yml
+else
+  echo "note: promtool not found; the alert rules are checked only by deploy/monitoring's Go test"
+fi
+
 echo "== go test ./..."
 go test -count=1 -timeout 20m ./...
 echo "== go test -tags pw_mutants (positive controls that re-introduce bugs through build-tagged hooks)"
