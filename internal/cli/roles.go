@@ -139,6 +139,7 @@ func runNodeRole(cmd *cobra.Command, nf *nodeFlags, lf *linkFlags, role transfer
 	}
 	logger := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), nil)).With("node", lf.name, "role", role.String())
 	invariants.SetStrict(false)
+	o.Logger = logger
 	m, err := nf.load()
 	if err != nil {
 		return err

@@ -184,6 +184,7 @@ that long.`,
 					Customer: tn.CacheNamespace}
 			}
 			o.PolicyGeneration = policies.Generation
+			o.Logger = logger
 			m, err := nf.load()
 			if err != nil {
 				return err

@@ -184,3 +184,40 @@ func TestScrapeDuringLongStep(t *testing.T) {
 			after["pagewarden_isolation_violations_total"], after["pagewarden_running_requests"])
 	}
 }
+
+// TestViolationIsAudited: a request ended by an isolation violation leaves
+// one ERROR line naming the tenant, the request and what the check saw,
+// without the prompt's text.
+func TestViolationIsAudited(t *testing.T) {
+	prev := invariants.SetStrict(false)
+	t.Cleanup(func() { invariants.SetStrict(prev) })
+	m, err := model.Load(model.BuiltinPrefix+"tiny", model.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &lockedBuffer{}
+	o := node.Options{Threads: 1, KVMemory: 16 << 20, Logger: slog.New(slog.NewJSONHandler(logs, nil))}
+	gate := &stepGate{entered: make(chan struct{}), release: make(chan struct{})}
+	close(gate.release)
+	node.WrapExecutor(&o, func(x sched.Executor) sched.Executor { gate.inner = x; return gate })
+	n, err := node.Start(m, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	prompt, _ := n.Tokenize("a secret prompt", true, false)
+	st, err := n.Submit(context.Background(), request.Params{Owner: request.Owner{Tenant: "victim", ID: request.NewID()}, Prompt: prompt, MaxTokens: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := st.Result(); res.Reason.Success() {
+		t.Fatalf("a violated request succeeded: %+v", res)
+	}
+	text := logs.String()
+	if !strings.Contains(text, `"level":"ERROR"`) || !strings.Contains(text, "isolation violation") || !strings.Contains(text, `"tenant":"victim"`) || !strings.Contains(text, "intruder") {
+		t.Errorf("audit line missing or incomplete:\n%s", text)
+	}
+	if strings.Contains(text, "secret") {
+		t.Errorf("the audit trail holds prompt text:\n%s", text)
+	}
+}

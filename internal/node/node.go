@@ -7,6 +7,7 @@ package node
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -48,6 +49,9 @@ type Options struct {
 	// changes, the scheduler re-reads the policy of every active tenant
 	// (nil: it never does). See sched.NodeConfig.PolicyGeneration.
 	PolicyGeneration func() uint64
+	// Logger receives the node's audit trail (isolation violations,
+	// internal failures); nil discards.
+	Logger *slog.Logger
 	// KeepModel leaves the model open on Close, for a model shared by
 	// several nodes of one process (the prefill and decode roles of
 	// `serve`); its owner closes it after every node.
@@ -195,6 +199,7 @@ func Start(m *model.Model, o Options) (*Node, error) {
 		},
 		Executor: exec,
 		Observe:  n.observe,
+		Logger:   o.Logger,
 	})
 	if err != nil {
 		cancel()

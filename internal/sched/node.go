@@ -1,10 +1,12 @@
 package sched
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,6 +39,11 @@ type NodeConfig struct {
 	// that metrics can read them without waiting for a step to end. It
 	// must not block.
 	Observe func(NodeStats)
+	// Logger receives the audit trail: one ERROR line for every request
+	// ended by an isolation violation (the pages, epochs and owners the
+	// check saw are in the error; no prompt text) and one WARN line for
+	// every result that failed for an internal reason. nil discards.
+	Logger *slog.Logger
 }
 
 // Node runs a Core in one goroutine (Run) and offers the Go API the gateway
@@ -56,6 +63,7 @@ type Node struct {
 	policyGen func() uint64
 	gen       uint64 // the generation the core's policies are from; loop-owned
 	observe   func(NodeStats)
+	log       *slog.Logger
 
 	// streams is owned by the loop goroutine.
 	streams map[request.Owner]*Stream
@@ -131,6 +139,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 
 		policyGen: cfg.PolicyGeneration,
 		observe:   cfg.Observe,
+		log:       cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
 	}
 	if n.policyGen != nil {
 		n.gen = n.policyGen()
@@ -420,6 +429,18 @@ func (n *Node) stop() error {
 	}
 }
 
+// audit logs a result that a person must look at: an isolation
+// violation (its pages are quarantined), or an internal failure.
+func (n *Node) audit(res request.Result) {
+	switch {
+	case errors.Is(res.Err, kvcache.ErrViolation):
+		n.log.Error("isolation violation: request aborted, its pages quarantined",
+			"tenant", string(res.Owner.Tenant), "request", res.Owner.ID.String(), "err", res.Err.Error())
+	case errors.Is(res.Err, request.ErrInternal):
+		n.log.Warn("request failed", "tenant", string(res.Owner.Tenant), "request", res.Owner.ID.String(), "err", res.Err.Error())
+	}
+}
+
 // report hands the current counts to NodeConfig.Observe.
 func (n *Node) report() {
 	if n.observe != nil {
@@ -513,6 +534,7 @@ func (n *Node) deliver(rd *Ready) {
 		}
 	}
 	for _, res := range rd.Results {
+		n.audit(res)
 		s := n.streams[res.Owner]
 		if s == nil {
 			_ = invariants.Failf("sched: result for %v, which has no stream", res.Owner)
