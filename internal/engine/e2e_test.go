@@ -186,7 +186,7 @@ func (x *checkingExecutor) Execute(ctx context.Context, b *sched.Batch) ([]sched
 		if !finite32(logits[i]) {
 			x.fail("step %d, %v: non-finite logits", b.Step, it.Owner)
 		}
-		if it.Sampling == (request.Sampling{}) && outs[i].Token != sample.Argmax(logits[i]) {
+		if sample.Greedy(it.Sampling) && !sample.Adjusts(it.Sampling) && outs[i].Token != sample.Argmax(logits[i]) {
 			x.fail("step %d, %v: executor sampled %d, its logits' argmax is %d", b.Step, it.Owner, outs[i].Token, sample.Argmax(logits[i]))
 		}
 	}

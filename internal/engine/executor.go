@@ -63,19 +63,27 @@ func (x *Executor) Execute(ctx context.Context, b *sched.Batch) ([]sched.Outcome
 // Draw picks generated token number index from logits. The generator is
 // seeded from the request's seed and index, so a sequence recomputed after
 // preemption (or run by another path: the run command, a server) draws
-// exactly the same tokens. history feeds the repetition penalty.
+// exactly the same tokens. history is the sequence so far, prompt then
+// the index tokens generated before this one: the repetition penalty reads
+// all of it, the presence and frequency penalties its generated tail.
 // s is a buffer, reset for the draw. Logits holding NaN or an infinity
 // are an error (sample.ErrNonFinite), never a token.
 func Draw(s *sample.Sampler, cfg request.Sampling, index int, history []int, logits []float32) (int, error) {
-	penalty := cfg.RepetitionPenalty != 0 && cfg.RepetitionPenalty != 1
-	if sample.Greedy(cfg) && !penalty {
+	adjusts := sample.Adjusts(cfg)
+	if sample.Greedy(cfg) && !adjusts {
 		return sample.ArgmaxFinite(logits)
 	}
 	cfg.Seed = mixSeed(cfg.Seed, uint64(index))
 	s.Reset(cfg)
-	if penalty {
-		for _, t := range history {
+	if adjusts {
+		// The generated tokens are the last index ones (a history
+		// shorter than index, which no caller passes, is all generated).
+		prompt := max(len(history)-index, 0)
+		for _, t := range history[:prompt] {
 			s.Accept(t)
+		}
+		for _, t := range history[prompt:] {
+			s.AcceptGenerated(t)
 		}
 	}
 	return s.Sample(logits)

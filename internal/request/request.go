@@ -65,8 +65,34 @@ type Sampling struct {
 	TopP              float32 // 0 or 1 means off
 	MinP              float32 // 0 means off
 	RepetitionPenalty float32 // 0 or 1 means off
-	Seed              uint64
+	// PresencePenalty and FrequencyPenalty are OpenAI's (0 means off):
+	// a token's logit is lowered by PresencePenalty once it has been
+	// generated, and by FrequencyPenalty times the number of times it has.
+	// Only generated tokens count, not the prompt's (as OpenAI and vLLM).
+	PresencePenalty  float32
+	FrequencyPenalty float32
+	// LogitBias is added to its tokens' logits before any penalty. It is
+	// sorted by token, each token at most once, at most MaxLogitBias
+	// entries, each bias in [-MaxBias, MaxBias]; a bias of -MaxBias bans
+	// its token outright. Nil means none.
+	LogitBias []TokenBias
+	Seed      uint64
 }
+
+// TokenBias is one entry of Sampling.LogitBias.
+type TokenBias struct {
+	Token int
+	Bias  float32
+}
+
+// Bounds on a request's lists and biases, the same at every layer: the
+// gateway refuses more, the wire (package transfer) carries no more, the
+// scheduler admits no more.
+const (
+	MaxLogitBias  = 300 // entries of LogitBias (OpenAI's cap)
+	MaxBias       = 100 // |bias| of one entry; -MaxBias bans the token
+	MaxStopTokens = 64  // entries of Params.StopTokens
+)
 
 // Params is a tokenized generation request, as admitted by the gateway.
 type Params struct {

@@ -1,12 +1,20 @@
 // Package sample turns logits into the next token: greedy, or random with
-// temperature, top-k, top-p (nucleus), min-p and a repetition penalty, from
-// a seeded generator so that a request with a seed reproduces exactly.
+// temperature, top-k, top-p (nucleus) and min-p, after a logit bias and
+// repetition, presence and frequency penalties, from a seeded generator so
+// that a request with a seed reproduces exactly.
 //
-// The order follows vLLM and the OpenAI API: repetition penalty, then
-// temperature, then the top-k, top-p and min-p filters on the tempered
-// distribution, then a draw. Temperature 0 is greedy (the first index of
-// the largest logit, as llama.cpp picks), and so is any temperature below
+// The order follows vLLM and the OpenAI API: logit bias, then the
+// repetition penalty (over prompt and generated tokens), then the frequency
+// and presence penalties (over generated tokens only), then temperature,
+// then the top-k, top-p and min-p filters on the tempered distribution, then
+// a draw. Temperature 0 is greedy (the first index of the largest adjusted
+// logit, as llama.cpp picks), and so is any temperature below
 // MinTemperature, as in vLLM: dividing by it would overflow.
+//
+// A bias of -request.MaxBias bans its token (OpenAI documents -100 as a
+// ban; adding it would only make the token unlikely): a banned token is
+// never drawn, greedy or not, and if every token is banned Sample returns
+// ErrNoCandidate.
 //
 // A logit that is NaN or infinite never becomes a token: Sample returns
 // ErrNonFinite instead, and the caller fails the request.
@@ -31,8 +39,19 @@ const MinTemperature = 1e-5
 // forward pass went wrong, and no token drawn from them means anything.
 var ErrNonFinite = errors.New("sample: logits hold NaN or an infinity")
 
+// ErrNoCandidate is returned when the logit bias bans every token.
+var ErrNoCandidate = errors.New("sample: the logit bias bans every token")
+
 // Greedy reports whether cfg always takes the argmax.
 func Greedy(cfg request.Sampling) bool { return !(cfg.Temperature >= MinTemperature) }
+
+// Adjusts reports whether cfg changes the logits before the draw (a logit
+// bias or a penalty): only then does a sampler need the sequence so far
+// (Accept, AcceptGenerated), and only then can greedy decoding differ from
+// the raw argmax.
+func Adjusts(cfg request.Sampling) bool {
+	return repeating(cfg) || counting(cfg) || len(cfg.LogitBias) > 0
+}
 
 // Sampler holds one request's sampling state. It is not safe for concurrent
 // use; each request owns one.
@@ -41,6 +60,7 @@ type Sampler struct {
 	pcg     *rand.PCG
 	rng     *rand.Rand
 	history map[int]bool // tokens seen, for the repetition penalty
+	counts  map[int]int  // generated tokens, for presence and frequency
 	idx     []int
 	probs   []float32
 }
@@ -61,7 +81,7 @@ func (s *Sampler) Reset(cfg request.Sampling) {
 		s.rng = rand.New(s.pcg)
 	}
 	s.pcg.Seed(cfg.Seed, cfg.Seed^0x5851f42d4c957f2d)
-	if penalizing(cfg) {
+	if repeating(cfg) {
 		if s.history == nil {
 			s.history = map[int]bool{}
 		}
@@ -69,20 +89,40 @@ func (s *Sampler) Reset(cfg request.Sampling) {
 	} else {
 		s.history = nil
 	}
+	if counting(cfg) {
+		if s.counts == nil {
+			s.counts = map[int]int{}
+		}
+		clear(s.counts)
+	} else {
+		s.counts = nil
+	}
 }
 
-func penalizing(cfg request.Sampling) bool {
+func repeating(cfg request.Sampling) bool {
 	return cfg.RepetitionPenalty > 0 && cfg.RepetitionPenalty != 1
+}
+
+func counting(cfg request.Sampling) bool {
+	return cfg.PresencePenalty != 0 || cfg.FrequencyPenalty != 0
 }
 
 // Greedy reports whether the sampler always takes the argmax.
 func (s *Sampler) Greedy() bool { return Greedy(s.cfg) }
 
-// Accept records a token of the context (prompt or generated) for the
-// repetition penalty.
+// Accept records a prompt token, for the repetition penalty.
 func (s *Sampler) Accept(tok int) {
 	if s.history != nil {
 		s.history[tok] = true
+	}
+}
+
+// AcceptGenerated records a generated token: for the repetition penalty
+// as Accept does, and counted for the presence and frequency penalties.
+func (s *Sampler) AcceptGenerated(tok int) {
+	s.Accept(tok)
+	if s.counts != nil {
+		s.counts[tok]++
 	}
 }
 
@@ -117,27 +157,23 @@ func ArgmaxFinite(logits []float32) (int, error) {
 }
 
 // Sample picks the next token from logits, which it may modify. It fails
-// with ErrNonFinite, and draws nothing, if a logit is NaN or infinite.
+// with ErrNonFinite, and draws nothing, if a logit is NaN or infinite, and
+// with ErrNoCandidate if the logit bias bans every token.
 func (s *Sampler) Sample(logits []float32) (int, error) {
-	if s.history != nil {
-		p := s.cfg.RepetitionPenalty
-		for tok := range s.history {
-			if tok < 0 || tok >= len(logits) {
-				continue
-			}
-			// As in CTRL / llama.cpp: shrink positive logits, grow negative.
-			if logits[tok] > 0 {
-				logits[tok] /= p
-			} else {
-				logits[tok] *= p
-			}
+	best, err := ArgmaxFinite(logits)
+	if err != nil {
+		return 0, err
+	}
+	if Adjusts(s.cfg) {
+		s.adjust(logits)
+		// Banned tokens are -Inf now; every other logit is finite.
+		best = Argmax(logits)
+		if math.IsInf(float64(logits[best]), -1) {
+			return 0, ErrNoCandidate
 		}
 	}
 	if s.Greedy() {
-		return ArgmaxFinite(logits)
-	}
-	if _, err := ArgmaxFinite(logits); err != nil {
-		return 0, err
+		return best, nil
 	}
 	inv := 1 / float64(s.cfg.Temperature)
 	n := len(logits)
@@ -179,6 +215,12 @@ func (s *Sampler) Sample(logits []float32) (int, error) {
 		probs[i] = float32(float64(probs[i]) / sum)
 	}
 	keep := len(idx)
+	// Candidates of probability 0 (banned, or too unlikely for float32)
+	// sort last; without them the draw's rounding fallback below can
+	// never land on one.
+	for keep > 1 && probs[keep-1] == 0 {
+		keep--
+	}
 	if tp := s.cfg.TopP; tp > 0 && tp < 1 && !topPDone {
 		var cum float32
 		for i, p := range probs {
@@ -212,6 +254,44 @@ func (s *Sampler) Sample(logits []float32) (int, error) {
 	// Rounding left u at or above 0 after the last candidate: it is the
 	// draw's upper end, which belongs to the last kept candidate.
 	return idx[keep-1], nil
+}
+
+// adjust applies the logit bias and the penalties to logits, in vLLM's
+// order. Token ids outside logits are skipped (the scheduler admits only
+// ids in the vocabulary). A banned token's logit becomes -Inf.
+func (s *Sampler) adjust(logits []float32) {
+	n := len(logits)
+	for _, b := range s.cfg.LogitBias {
+		if b.Token < 0 || b.Token >= n {
+			continue
+		}
+		if b.Bias <= -request.MaxBias {
+			logits[b.Token] = float32(math.Inf(-1))
+		} else {
+			logits[b.Token] += b.Bias
+		}
+	}
+	if s.history != nil {
+		p := s.cfg.RepetitionPenalty
+		for tok := range s.history {
+			if tok < 0 || tok >= n {
+				continue
+			}
+			// As in CTRL / llama.cpp: shrink positive logits, grow negative.
+			if logits[tok] > 0 {
+				logits[tok] /= p
+			} else {
+				logits[tok] *= p
+			}
+		}
+	}
+	// OpenAI's formula: logit -= count*frequency + (count > 0)*presence.
+	for tok, c := range s.counts {
+		if tok < 0 || tok >= n {
+			continue
+		}
+		logits[tok] -= float32(c)*s.cfg.FrequencyPenalty + s.cfg.PresencePenalty
+	}
 }
 
 // topN returns the indexes of the m largest logits, best first (ties by

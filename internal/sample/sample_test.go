@@ -225,3 +225,114 @@ func TestNucleusMatchesFullSort(t *testing.T) {
 		}
 	}
 }
+
+// TestLogitBias: a bias moves its token's logit before the draw, greedy
+// included; -MaxBias bans the token on every path, and banning every token
+// is an error, not a token.
+func TestLogitBias(t *testing.T) {
+	logits := []float32{3, 2, 1, 0}
+	ban := func(toks ...int) []request.TokenBias {
+		var b []request.TokenBias
+		for _, tok := range toks {
+			b = append(b, request.TokenBias{Token: tok, Bias: -request.MaxBias})
+		}
+		return b
+	}
+	for _, tc := range []struct {
+		name string
+		bias []request.TokenBias
+		want int
+	}{
+		{"none", nil, 0},
+		{"raise", []request.TokenBias{{Token: 3, Bias: 3.5}}, 3},
+		{"lower", []request.TokenBias{{Token: 0, Bias: -1.5}}, 1},
+		{"ban", ban(0), 1},
+		{"ban two", ban(0, 1), 2},
+		{"max raise", []request.TokenBias{{Token: 2, Bias: request.MaxBias}}, 2},
+		{"out of range skipped", []request.TokenBias{{Token: -1, Bias: 50}, {Token: 99, Bias: 50}}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := must(t, New(request.Sampling{LogitBias: tc.bias}), slices.Clone(logits)); got != tc.want {
+				t.Errorf("greedy picked %d, want %d", got, tc.want)
+			}
+		})
+	}
+	// Sampled, hot and with every filter, a banned token is never drawn.
+	for _, cfg := range []request.Sampling{
+		{Temperature: 2}, {Temperature: 2, TopK: 2}, {Temperature: 2, TopP: 0.99}, {Temperature: 2, MinP: 0.01},
+	} {
+		cfg.LogitBias = ban(0, 2)
+		seen := map[int]int{}
+		for seed := range uint64(400) {
+			cfg.Seed = seed
+			seen[must(t, New(cfg), slices.Clone(logits))]++
+		}
+		if seen[0] != 0 || seen[2] != 0 || seen[1] == 0 {
+			t.Errorf("%+v: draws %v; tokens 0 and 2 are banned", cfg, seen)
+		}
+	}
+	for _, cfg := range []request.Sampling{{LogitBias: ban(0, 1, 2, 3)}, {Temperature: 1, LogitBias: ban(0, 1, 2, 3)}} {
+		if tok, err := New(cfg).Sample(slices.Clone(logits)); !errors.Is(err, ErrNoCandidate) {
+			t.Errorf("%+v: every token banned gave %d, %v", cfg, tok, err)
+		}
+	}
+}
+
+// TestPresenceFrequencyPenalty checks OpenAI's formula exactly: logit -=
+// count*frequency + (count > 0)*presence, counted over generated tokens
+// only (a prompt token passed to Accept is not penalised).
+func TestPresenceFrequencyPenalty(t *testing.T) {
+	for _, tc := range []struct {
+		name                string
+		presence, frequency float32
+		want                []float32
+	}{
+		{"presence", 0.5, 0, []float32{1.5, 1.5, 2, 2}},
+		{"frequency", 0, 0.25, []float32{1.25, 1.75, 2, 2}},
+		{"both", 0.5, 0.25, []float32{0.75, 1.25, 2, 2}},
+		{"negative", -1, -2, []float32{9, 5, 2, 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := New(request.Sampling{PresencePenalty: tc.presence, FrequencyPenalty: tc.frequency})
+			s.Accept(2) // the prompt's: never counted
+			for _, tok := range []int{0, 1, 0, 0} {
+				s.AcceptGenerated(tok)
+			}
+			logits := []float32{2, 2, 2, 2}
+			s.adjust(logits)
+			if !slices.Equal(logits, tc.want) {
+				t.Errorf("adjusted logits %v, want %v", logits, tc.want)
+			}
+		})
+	}
+	// Greedy stays greedy: the argmax of the penalised logits.
+	s := New(request.Sampling{PresencePenalty: 2})
+	s.AcceptGenerated(0)
+	if got := must(t, s, []float32{3, 2, 1}); got != 1 {
+		t.Errorf("greedy with token 0 penalised picked %d, want 1", got)
+	}
+}
+
+// TestAdjustedSeedReproduces: with a bias and every penalty, the same
+// seed and history draw the same tokens.
+func TestAdjustedSeedReproduces(t *testing.T) {
+	cfg := request.Sampling{Temperature: 1, Seed: 9, RepetitionPenalty: 1.3, PresencePenalty: 0.4, FrequencyPenalty: 0.3,
+		LogitBias: []request.TokenBias{{Token: 3, Bias: -request.MaxBias}, {Token: 5, Bias: 2}}}
+	logits := make([]float32, 64)
+	for i := range logits {
+		logits[i] = float32(i%9) * 0.4
+	}
+	draw := func() []int {
+		s := New(cfg)
+		var out []int
+		for i := range 40 {
+			s.AcceptGenerated(i % 7)
+			out = append(out, must(t, s, slices.Clone(logits)))
+		}
+		return out
+	}
+	a, b := draw(), draw()
+	if !slices.Equal(a, b) || slices.Contains(a, 3) {
+		t.Fatalf("draws %v and %v (token 3 is banned)", a, b)
+	}
+}
