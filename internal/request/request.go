@@ -100,9 +100,13 @@ type Params struct {
 	Prompt    []int // token ids, BOS included where the model wants it
 	MaxTokens int   // new tokens to generate at most
 	Sampling  Sampling
-	// StopTokens end generation (finish reason "stop") when sampled; the
-	// model's end-of-generation tokens are always included by the engine.
+	// StopTokens end generation (finish reason "stop") when sampled, as
+	// the model's end-of-generation tokens do (the scheduler's
+	// Config.EndTokens) unless IgnoreEOS. At most MaxStopTokens.
 	StopTokens []int
+	// IgnoreEOS keeps generating past the model's end-of-generation
+	// tokens (vLLM's ignore_eos): only MaxTokens and StopTokens end it.
+	IgnoreEOS bool
 	// CacheSalt is mixed into prefix-cache keys under the tenant, never
 	// instead of it.
 	CacheSalt string

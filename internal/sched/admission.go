@@ -50,7 +50,9 @@ func (a Admitted) Valid() bool { return a.a != nil }
 // every counter as it was. Rules:
 //   - an owner with a tenant and a non-zero id;
 //   - at least one prompt token, each a valid id when the vocabulary size
-//     is known; at least one new token asked for;
+//     is known (stop tokens and logit-bias tokens too, and at most
+//     request.MaxStopTokens and request.MaxLogitBias of them); at least
+//     one new token asked for;
 //   - prompt + max_tokens ≤ MaxContext, else request.ErrContextLength with
 //     the numbers (the request is never truncated to fit).
 //
@@ -74,15 +76,30 @@ func (l Limits) Admit(p request.Params) (Admitted, error) {
 		return Admitted{}, fmt.Errorf("%w: %d prompt tokens + %d max_tokens exceeds the context window of %d tokens",
 			request.ErrContextLength, n, p.MaxTokens, l.MaxContext)
 	}
+	if len(p.StopTokens) > request.MaxStopTokens || len(p.Sampling.LogitBias) > request.MaxLogitBias {
+		return Admitted{}, fmt.Errorf("%w: %d stop tokens and %d logit-bias entries (at most %d and %d)",
+			ErrInvalidRequest, len(p.StopTokens), len(p.Sampling.LogitBias), request.MaxStopTokens, request.MaxLogitBias)
+	}
 	if l.Vocab > 0 {
 		for i, t := range p.Prompt {
 			if t < 0 || t >= l.Vocab {
 				return Admitted{}, fmt.Errorf("%w: prompt token %d is %d, outside the vocabulary of %d", ErrInvalidRequest, i, t, l.Vocab)
 			}
 		}
+		for _, t := range p.StopTokens {
+			if t < 0 || t >= l.Vocab {
+				return Admitted{}, fmt.Errorf("%w: stop token %d outside the vocabulary of %d", ErrInvalidRequest, t, l.Vocab)
+			}
+		}
+		for _, b := range p.Sampling.LogitBias {
+			if b.Token < 0 || b.Token >= l.Vocab {
+				return Admitted{}, fmt.Errorf("%w: logit-bias token %d outside the vocabulary of %d", ErrInvalidRequest, b.Token, l.Vocab)
+			}
+		}
 	}
 	q := p
 	q.Prompt = slices.Clone(p.Prompt)
 	q.StopTokens = slices.Clone(p.StopTokens)
+	q.Sampling.LogitBias = slices.Clone(p.Sampling.LogitBias)
 	return Admitted{a: &admission{params: q, limits: l}}, nil
 }

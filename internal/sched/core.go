@@ -54,7 +54,8 @@ type Config struct {
 	// means none.
 	WatermarkPages int
 	// EndTokens end generation for every request (the model's
-	// end-of-generation tokens), besides each request's StopTokens.
+	// end-of-generation tokens) but those with Params.IgnoreEOS, besides
+	// each request's StopTokens.
 	EndTokens []int
 	// PrefixCache serves prompt pages a tenant computed before from the
 	// pool's tenant-scoped prefix cache and publishes new ones.
@@ -997,7 +998,7 @@ func (c *Core) take(r *req, tok int) {
 	// the gateway checks that usage equals what it was sent; it hides the
 	// text of end-of-generation tokens itself.
 	c.out.Tokens = append(c.out.Tokens, request.Token{Owner: r.owner, Index: r.generated - 1, ID: tok})
-	if slices.Contains(r.params.StopTokens, tok) || slices.Contains(c.cfg.EndTokens, tok) {
+	if slices.Contains(r.params.StopTokens, tok) || (!r.params.IgnoreEOS && slices.Contains(c.cfg.EndTokens, tok)) {
 		c.finish(r, request.FinishStop)
 		return
 	}

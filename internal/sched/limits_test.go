@@ -147,6 +147,12 @@ func TestAdmitRejectsMalformed(t *testing.T) {
 		{"no id", request.Params{Owner: request.Owner{Tenant: "a"}, Prompt: []int{1}, MaxTokens: 1}},
 		{"token above vocab", request.Params{Owner: request.Owner{Tenant: "a", ID: id}, Prompt: []int{1, 10}, MaxTokens: 1}},
 		{"negative token", request.Params{Owner: request.Owner{Tenant: "a", ID: id}, Prompt: []int{-1}, MaxTokens: 1}},
+		{"stop token above vocab", request.Params{Owner: request.Owner{Tenant: "a", ID: id}, Prompt: []int{1}, MaxTokens: 1, StopTokens: []int{10}}},
+		{"too many stop tokens", request.Params{Owner: request.Owner{Tenant: "a", ID: id}, Prompt: []int{1}, MaxTokens: 1, StopTokens: make([]int, request.MaxStopTokens+1)}},
+		{"bias token above vocab", request.Params{Owner: request.Owner{Tenant: "a", ID: id}, Prompt: []int{1}, MaxTokens: 1,
+			Sampling: request.Sampling{LogitBias: []request.TokenBias{{Token: 10, Bias: 1}}}}},
+		{"too many biases", request.Params{Owner: request.Owner{Tenant: "a", ID: id}, Prompt: []int{1}, MaxTokens: 1,
+			Sampling: request.Sampling{LogitBias: make([]request.TokenBias, request.MaxLogitBias+1)}}},
 	} {
 		if _, err := l.Admit(tc.p); !errors.Is(err, ErrInvalidRequest) {
 			t.Errorf("%s: err %v, want ErrInvalidRequest", tc.name, err)
@@ -156,13 +162,14 @@ func TestAdmitRejectsMalformed(t *testing.T) {
 		t.Errorf("zero limits admit: %v", err)
 	}
 	// The admitted copy is the caller's no more.
-	p := request.Params{Owner: request.Owner{Tenant: "a", ID: id}, Prompt: []int{1, 2}, MaxTokens: 1}
+	p := request.Params{Owner: request.Owner{Tenant: "a", ID: id}, Prompt: []int{1, 2}, MaxTokens: 1, StopTokens: []int{3},
+		Sampling: request.Sampling{LogitBias: []request.TokenBias{{Token: 4, Bias: 1}}}}
 	a, err := l.Admit(p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.Prompt[0] = 9
-	if a.a.params.Prompt[0] != 1 {
-		t.Error("admitted prompt aliases the caller's slice")
+	p.Prompt[0], p.StopTokens[0], p.Sampling.LogitBias[0].Token = 9, 9, 9
+	if q := a.a.params; q.Prompt[0] != 1 || q.StopTokens[0] != 3 || q.Sampling.LogitBias[0].Token != 4 {
+		t.Error("admitted params alias the caller's slices")
 	}
 }
