@@ -14,7 +14,9 @@ import (
 //
 //	job       := maxTokens:int nPrompt:u32 prompt:u32×nPrompt
 //	             temperature:f32 topK:int topP:f32 minP:f32 repetition:f32 seed:u64
-//	             nStop:u8 stop:u32×nStop salt:str16 priority:i32
+//	             presence:f32 frequency:f32 nBias:u16 bias×nBias
+//	             nStop:u8 stop:u32×nStop ignoreEOS:u8 salt:str16 priority:i32
+//	bias      := token:u32 bias:f32                (tokens strictly increasing)
 //	str16     := len:u16 bytes                     (≤ MaxSaltLen)
 //	Generate  := Reserve job                       gateway → decode
 //	Prefill   := Grant decode:str job              gateway → prefill
@@ -24,13 +26,14 @@ import (
 //
 // A job's numbers are checked on decode as the gateway checked them on
 // the way in: finite sampling values in their ranges, token ids in int32,
-// bounded lists. A peer cannot hand a node a NaN temperature or a
-// negative max_tokens.
+// bounded lists (a logit bias sorted, each token once), a boolean 0 or 1.
+// A peer cannot hand a node a NaN temperature or a negative max_tokens.
 
 // Bounds of the request plane.
 const (
 	MaxPromptTokens = 1 << 22 // tokens of one prompt on the wire
-	MaxStopTokens   = 64
+	MaxStopTokens   = request.MaxStopTokens
+	MaxLogitBias    = request.MaxLogitBias
 	MaxSaltLen      = 4096
 	MaxTokensPerMsg = 4096
 )
@@ -42,18 +45,21 @@ type Job struct {
 	MaxTokens  int
 	Sampling   request.Sampling
 	StopTokens []int
+	IgnoreEOS  bool
 	CacheSalt  string
 	Priority   int
 }
 
 // JobOf and Params convert between a Job and request.Params.
 func JobOf(p request.Params) Job {
-	return Job{Prompt: p.Prompt, MaxTokens: p.MaxTokens, Sampling: p.Sampling, StopTokens: p.StopTokens, CacheSalt: p.CacheSalt, Priority: p.Priority}
+	return Job{Prompt: p.Prompt, MaxTokens: p.MaxTokens, Sampling: p.Sampling, StopTokens: p.StopTokens, IgnoreEOS: p.IgnoreEOS,
+		CacheSalt: p.CacheSalt, Priority: p.Priority}
 }
 
 // Params is the request j describes for owner.
 func (j Job) Params(owner request.Owner) request.Params {
-	return request.Params{Owner: owner, Prompt: j.Prompt, MaxTokens: j.MaxTokens, Sampling: j.Sampling, StopTokens: j.StopTokens, CacheSalt: j.CacheSalt, Priority: j.Priority}
+	return request.Params{Owner: owner, Prompt: j.Prompt, MaxTokens: j.MaxTokens, Sampling: j.Sampling, StopTokens: j.StopTokens,
+		IgnoreEOS: j.IgnoreEOS, CacheSalt: j.CacheSalt, Priority: j.Priority}
 }
 
 // Generate asks a decode node to take a request: reserve pages for its
@@ -190,6 +196,22 @@ const (
 	maxPenalty     = 100
 )
 
+func (e *encoder) biases(v []request.TokenBias) {
+	if len(v) > MaxLogitBias {
+		e.fail("logit bias: %d entries (limit %d)", len(v), MaxLogitBias)
+		return
+	}
+	e.u16(uint16(len(v)))
+	for i, b := range v {
+		if i > 0 && b.Token <= v[i-1].Token {
+			e.fail("logit bias: token %d after %d (sorted, each once)", b.Token, v[i-1].Token)
+			return
+		}
+		e.int32("logit bias token", b.Token, maxInt32)
+		e.f32("logit bias", b.Bias, -request.MaxBias, request.MaxBias)
+	}
+}
+
 func (e *encoder) job(j *Job) {
 	e.int32("max tokens", j.MaxTokens, maxInt32)
 	e.ids("prompt", j.Prompt, MaxPromptTokens, true)
@@ -200,7 +222,15 @@ func (e *encoder) job(j *Job) {
 	e.f32("min p", s.MinP, 0, 1)
 	e.f32("repetition penalty", s.RepetitionPenalty, 0, maxPenalty)
 	e.u64(s.Seed)
+	e.f32("presence penalty", s.PresencePenalty, -maxPenalty, maxPenalty)
+	e.f32("frequency penalty", s.FrequencyPenalty, -maxPenalty, maxPenalty)
+	e.biases(s.LogitBias)
 	e.ids("stop tokens", j.StopTokens, MaxStopTokens, false)
+	if j.IgnoreEOS {
+		e.u8(1)
+	} else {
+		e.u8(0)
+	}
 	e.str16("cache salt", j.CacheSalt, MaxSaltLen)
 	if j.Priority < math.MinInt32 || j.Priority > math.MaxInt32 {
 		e.fail("priority %d out of int32", j.Priority)
@@ -305,6 +335,33 @@ func (d *decoder) f32(field string, lo, hi float32) float32 {
 	return v
 }
 
+func (d *decoder) biases() []request.TokenBias {
+	n := int(d.u16())
+	if n > MaxLogitBias {
+		d.fail("logit bias: %d entries (limit %d)", n, MaxLogitBias)
+		return nil
+	}
+	if d.err != nil || n == 0 {
+		return nil
+	}
+	if 8*n > len(d.b) {
+		d.fail("logit bias: %d entries need %d bytes, %d remain", n, 8*n, len(d.b))
+		return nil
+	}
+	v := make([]request.TokenBias, n)
+	for i := range v {
+		v[i].Token = d.int32("logit bias token", maxInt32)
+		v[i].Bias = d.f32("logit bias", -request.MaxBias, request.MaxBias)
+		if d.err == nil && i > 0 && v[i].Token <= v[i-1].Token {
+			d.fail("logit bias: token %d after %d (sorted, each once)", v[i].Token, v[i-1].Token)
+		}
+	}
+	if d.err != nil {
+		return nil
+	}
+	return v
+}
+
 func (d *decoder) job() Job {
 	var j Job
 	j.MaxTokens = d.int32("max tokens", maxInt32)
@@ -315,7 +372,11 @@ func (d *decoder) job() Job {
 	j.Sampling.MinP = d.f32("min p", 0, 1)
 	j.Sampling.RepetitionPenalty = d.f32("repetition penalty", 0, maxPenalty)
 	j.Sampling.Seed = d.u64()
+	j.Sampling.PresencePenalty = d.f32("presence penalty", -maxPenalty, maxPenalty)
+	j.Sampling.FrequencyPenalty = d.f32("frequency penalty", -maxPenalty, maxPenalty)
+	j.Sampling.LogitBias = d.biases()
 	j.StopTokens = d.ids("stop tokens", MaxStopTokens, false)
+	j.IgnoreEOS = d.bool("ignore eos")
 	j.CacheSalt = d.str16("cache salt", MaxSaltLen)
 	j.Priority = int(int32(d.u32()))
 	return j

@@ -5,8 +5,11 @@ import (
 	"errors"
 	"hash/crc32"
 	"math"
+	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/pagewarden/pagewarden/internal/request"
 )
@@ -14,8 +17,42 @@ import (
 func sampleJob() Job {
 	return Job{
 		Prompt: []int{1, 200, 3, 1<<31 - 1}, MaxTokens: 30,
-		Sampling:   request.Sampling{Temperature: 0.7, TopK: 40, TopP: 0.9, MinP: 0.05, RepetitionPenalty: 1.1, Seed: 1<<64 - 1},
-		StopTokens: []int{2, 7}, CacheSalt: strings.Repeat("n", 300) + "|salt", Priority: -3,
+		Sampling: request.Sampling{Temperature: 0.7, TopK: 40, TopP: 0.9, MinP: 0.05, RepetitionPenalty: 1.1, Seed: 1<<64 - 1,
+			PresencePenalty: -1.5, FrequencyPenalty: 2,
+			LogitBias: []request.TokenBias{{Token: 0, Bias: -request.MaxBias}, {Token: 261, Bias: 0.5}, {Token: 1<<31 - 1, Bias: request.MaxBias}}},
+		StopTokens: []int{2, 7}, IgnoreEOS: true, CacheSalt: strings.Repeat("n", 300) + "|salt", Priority: -3,
+	}
+}
+
+// TestJobCarriesEveryParam: every field of request.Params but the owner
+// survives JobOf, the wire and Job.Params, so a disaggregated request
+// runs with exactly the knobs the gateway admitted. A field added to
+// Params (or Sampling) without a place in the job fails here.
+func TestJobCarriesEveryParam(t *testing.T) {
+	p := sampleJob().Params(owner("org_a", 1))
+	p.Sampling.LogitBias = append(p.Sampling.LogitBias[:0:0], request.TokenBias{Token: 3, Bias: -2.25}, request.TokenBias{Token: 4, Bias: 99})
+	// Each field non-zero, so that a dropped one shows.
+	for _, f := range reflect.VisibleFields(reflect.TypeOf(p)) {
+		if reflect.ValueOf(p).FieldByIndex(f.Index).IsZero() {
+			t.Errorf("params field %s is zero in the sample", f.Name)
+		}
+	}
+	for _, f := range reflect.VisibleFields(reflect.TypeOf(p.Sampling)) {
+		if reflect.ValueOf(p.Sampling).FieldByIndex(f.Index).IsZero() {
+			t.Errorf("sampling field %s is zero in the sample", f.Name)
+		}
+	}
+	g := &Generate{Reserve: Reserve{Owner: p.Owner, Epoch: 1, PromptTokens: len(p.Prompt), MaxNewTokens: p.MaxTokens, Sender: "p"}, Job: JobOf(p)}
+	b, err := EncodeFrame(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := DecodeFrame(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(p, m.(*Generate).Job.Params(p.Owner)); diff != "" {
+		t.Errorf("params after the wire (-sent +received):\n%s", diff)
 	}
 }
 
@@ -65,6 +102,14 @@ func TestRequestPlaneRefuses(t *testing.T) {
 		"reserve ≠ job prompt":  gen(func(g *Generate) { g.PromptTokens++ }),
 		"reserve ≠ job max":     gen(func(g *Generate) { g.MaxNewTokens = 1 }),
 		"too many stop tokens":  gen(func(g *Generate) { g.Job.StopTokens = make([]int, MaxStopTokens+1) }),
+		"NaN presence":          gen(func(g *Generate) { g.Job.Sampling.PresencePenalty = nan }),
+		"huge frequency":        gen(func(g *Generate) { g.Job.Sampling.FrequencyPenalty = -1e9 }),
+		"bias beyond the cap":   gen(func(g *Generate) { g.Job.Sampling.LogitBias[1].Bias = request.MaxBias + 1 }),
+		"NaN bias":              gen(func(g *Generate) { g.Job.Sampling.LogitBias[1].Bias = nan }),
+		"negative bias token":   gen(func(g *Generate) { g.Job.Sampling.LogitBias[0].Token = -1 }),
+		"bias tokens unsorted":  gen(func(g *Generate) { g.Job.Sampling.LogitBias[0].Token = 300 }),
+		"bias token twice":      gen(func(g *Generate) { g.Job.Sampling.LogitBias[0].Token = 261 }),
+		"too many biases":       gen(func(g *Generate) { g.Job.Sampling.LogitBias = make([]request.TokenBias, MaxLogitBias+1) }),
 		"salt too long":         gen(func(g *Generate) { g.Job.CacheSalt = strings.Repeat("x", MaxSaltLen+1) }),
 		"priority beyond int32": gen(func(g *Generate) { g.Job.Priority = math.MaxInt32 + 1 }),
 		"too many tokens":       &Tokens{Ref: sampleRef(), IDs: make([]int, MaxTokensPerMsg+1)},
@@ -99,6 +144,44 @@ func TestRequestPlaneRefuses(t *testing.T) {
 	bad = reseal(bad)
 	if _, err := DecodeFrame(bad); !errors.Is(err, ErrFrame) || !strings.Contains(err.Error(), "temperature") {
 		t.Fatalf("NaN temperature decoded: %v", err)
+	}
+}
+
+// TestJobDecoderRefuses: the decoder checks the job's new fields itself,
+// on bytes no encoder of ours would write.
+func TestJobDecoderRefuses(t *testing.T) {
+	j := sampleJob()
+	e := &encoder{}
+	e.job(&j)
+	if e.err != nil {
+		t.Fatal(e.err)
+	}
+	if d := (&decoder{b: append([]byte(nil), e.b...)}); !cmp.Equal(d.job(), j) || d.err != nil {
+		t.Fatalf("unpatched job: %v", d.err)
+	}
+	// Offsets in the layout of the package comment.
+	bias := 4 + 4 + 4*len(j.Prompt) + 5*4 + 8 + 4 + 4
+	ignoreEOS := bias + 2 + 8*len(j.Sampling.LogitBias) + 1 + 4*len(j.StopTokens)
+	for _, tc := range []struct {
+		name, want string
+		patch      func(b []byte)
+	}{
+		{"ignore eos 2", "ignore eos", func(b []byte) { b[ignoreEOS] = 2 }},
+		{"biases unsorted", "logit bias", func(b []byte) { binary.BigEndian.PutUint32(b[bias+2+8:], 0) }},
+		{"bias count beyond the cap", "logit bias", func(b []byte) { binary.BigEndian.PutUint16(b[bias:], MaxLogitBias+1) }},
+		{"bias count beyond the body", "logit bias", func(b []byte) { binary.BigEndian.PutUint16(b[bias:], MaxLogitBias) }},
+		{"bias out of range", "logit bias", func(b []byte) { binary.BigEndian.PutUint32(b[bias+2+4:], math.Float32bits(-101)) }},
+		{"presence NaN", "presence", func(b []byte) { binary.BigEndian.PutUint32(b[bias-8:], math.Float32bits(float32(math.NaN()))) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := append([]byte(nil), e.b...)
+			tc.patch(b)
+			d := &decoder{b: b}
+			d.job()
+			if !errors.Is(d.err, ErrFrame) || !strings.Contains(d.err.Error(), tc.want) {
+				t.Errorf("decoded: %v; want an error naming %q", d.err, tc.want)
+			}
+		})
 	}
 }
 
