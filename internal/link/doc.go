@@ -46,7 +46,9 @@
 //     codec and policy (and nothing but pages after the Hellos). Both
 //     share one port; the TLS handshake's ALPN ("h2" or
 //     "pagewarden-pages/1") says which a connection is. A node dials the
-//     peers in its address table; a node that dialled is answered on the
+//     peers in its address table (GRPCConfig.Peers, changed at run time
+//     by SetPeer and RemovePeer as cluster membership changes; removing a
+//     node ends its links); a node that dialled is answered on the
 //     same stream, so a gateway need not listen (a prefill node needs the
 //     decode nodes' addresses: pages are never sent on a stream the other
 //     side opened).

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"sync"
 	"time"
@@ -31,7 +32,8 @@ type GRPCConfig struct {
 	Hello transfer.Hello
 	// Peers maps the nodes this one dials to their addresses (host:port).
 	// A node not listed can still reach this one, and is answered on the
-	// link it opened.
+	// link it opened. NewGRPC copies it; SetPeer and RemovePeer change the
+	// copy at run time (cluster membership).
 	Peers map[transfer.Peer]string
 	// Keepalive is how often an idle connection is pinged, and how long a
 	// ping may go unanswered before the connection (and its links) is
@@ -56,7 +58,10 @@ type GRPC struct {
 	ln  net.Listener
 	h2  *h2Listener
 
+	// ccMu guards the address table and the connections dialled from it:
+	// a connection is always to the address the table holds now.
 	ccMu    sync.Mutex
+	peers   map[transfer.Peer]string
 	ccs     map[transfer.Peer]*grpc.ClientConn
 	ccsDone bool
 }
@@ -80,7 +85,11 @@ func NewGRPC(cfg GRPCConfig, ln net.Listener) (*GRPC, error) {
 	if cfg.Keepalive <= 0 {
 		cfg.Keepalive = 15 * time.Second
 	}
-	g := &GRPC{cfg: cfg, ln: ln, ccs: make(map[transfer.Peer]*grpc.ClientConn)}
+	g := &GRPC{cfg: cfg, ln: ln, peers: maps.Clone(cfg.Peers), ccs: make(map[transfer.Peer]*grpc.ClientConn)}
+	if g.peers == nil {
+		g.peers = make(map[transfer.Peer]string)
+	}
+	g.cfg.Peers = nil // the table is g.peers, under ccMu
 	n, err := newNode(cfg.Hello, cfg.Options, g.dial)
 	if err != nil {
 		return nil, err
@@ -206,17 +215,77 @@ func (g *GRPC) Close() error {
 	return nil
 }
 
+// SetPeer sets the address node name is dialled at (host:port), as
+// cluster membership learns it; safe to call while Sends run. A node that
+// was already known at another address is a new process there: the
+// connection and every link to the old address end (PeerDown), and the
+// next Send dials the new one.
+func (g *GRPC) SetPeer(name transfer.Peer, addr string) error {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return fmt.Errorf("%w: %s at %q: %v", ErrNoRoute, name, addr, err)
+	}
+	g.ccMu.Lock()
+	old, had := g.peers[name]
+	g.peers[name] = addr
+	moved := had && old != addr
+	g.ccMu.Unlock()
+	if moved {
+		g.forget(name, fmt.Errorf("%s moved from %s to %s", name, old, addr))
+	}
+	return nil
+}
+
+// RemovePeer forgets node name's address, as when it leaves the cluster:
+// later Sends to it fail with ErrNoRoute, and the links to it end now
+// (PeerDown), so that nothing more is sent to a node the cluster holds
+// gone. Safe to call while Sends run.
+func (g *GRPC) RemovePeer(name transfer.Peer) {
+	g.ccMu.Lock()
+	_, had := g.peers[name]
+	delete(g.peers, name)
+	g.ccMu.Unlock()
+	if had {
+		g.forget(name, fmt.Errorf("%s left the cluster", name))
+	}
+}
+
+// forget closes the connection dialled to name and ends every link with
+// it.
+func (g *GRPC) forget(name transfer.Peer, cause error) {
+	g.ccMu.Lock()
+	cc := g.ccs[name]
+	delete(g.ccs, name)
+	g.ccMu.Unlock()
+	// The links first, so that each ends with cause rather than with the
+	// connection's closing.
+	g.endLinks(name, cause)
+	if cc != nil {
+		_ = cc.Close()
+	}
+}
+
+// peerAddr is the address name is dialled at.
+func (g *GRPC) peerAddr(name transfer.Peer) (string, error) {
+	g.ccMu.Lock()
+	defer g.ccMu.Unlock()
+	addr, ok := g.peers[name]
+	if !ok {
+		return "", fmt.Errorf("%w: no address for %s", ErrNoRoute, name)
+	}
+	return addr, nil
+}
+
 // clientConn returns the connection to peer to, creating it on first use.
 // gRPC reconnects it as needed; every link to to is a stream on it.
 func (g *GRPC) clientConn(to transfer.Peer) (*grpc.ClientConn, error) {
-	addr, ok := g.cfg.Peers[to]
-	if !ok {
-		return nil, fmt.Errorf("%w: no address for %s", ErrNoRoute, to)
-	}
 	g.ccMu.Lock()
 	defer g.ccMu.Unlock()
 	if g.ccsDone {
 		return nil, ErrClosed
+	}
+	addr, ok := g.peers[to]
+	if !ok {
+		return nil, fmt.Errorf("%w: no address for %s", ErrNoRoute, to)
 	}
 	if cc := g.ccs[to]; cc != nil {
 		return cc, nil
@@ -240,9 +309,9 @@ func (g *GRPC) clientConn(to transfer.Peer) (*grpc.ClientConn, error) {
 
 func (g *GRPC) dial(ctx context.Context, to transfer.Peer, class linkClass) (stream, Identity, error) {
 	if class == classPages {
-		addr, ok := g.cfg.Peers[to]
-		if !ok {
-			return nil, Identity{}, fmt.Errorf("%w: no address for %s", ErrNoRoute, to)
+		addr, err := g.peerAddr(to)
+		if err != nil {
+			return nil, Identity{}, err
 		}
 		return dialPages(ctx, g.cfg.TLS, to, addr, net.Dialer{KeepAlive: g.cfg.Keepalive})
 	}

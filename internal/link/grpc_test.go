@@ -3,7 +3,9 @@ package link
 import (
 	"crypto/tls"
 	"errors"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -219,6 +221,12 @@ func TestHandshakeTimeout(t *testing.T) {
 	if st.Code() != codes.FailedPrecondition || !strings.Contains(st.Message(), "no hello within 50ms") {
 		t.Errorf("status %v %q", st.Code(), st.Message())
 	}
+	// The refusal is counted by the goroutine that ran the handshake,
+	// which may finish just after the client saw the stream end.
+	deadline := time.Now().Add(5 * time.Second)
+	for stats(decode).Refused == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
 	decode.Close()
 	if s := stats(decode); s.Refused != 1 || s.LinksUp != 0 {
 		t.Errorf("decode stats %+v", s)
@@ -249,4 +257,122 @@ func TestGRPCConfig(t *testing.T) {
 	if err := g.Send(t.Context(), dc, &transfer.Heartbeat{Ref: testRef()}); !errors.Is(err, ErrNoRoute) {
 		t.Errorf("send to a node without an address: %v, want ErrNoRoute", err)
 	}
+}
+
+// TestGRPCPeersAtRunTime: a node learns and forgets its peers' addresses
+// while it runs (cluster membership): SetPeer makes a node reachable on
+// control and page streams, RemovePeer ends its links at once (PeerDown)
+// and refuses further Sends, and a node that comes back at another
+// address is dialled there while the links to the old one end.
+func TestGRPCPeersAtRunTime(t *testing.T) {
+	c := newCluster(t, "grpc")
+	c.listener(dc)
+	decode := c.add(helloOf(dc, transfer.RoleDecode), Options{})
+	addr := c.addrs[dc]
+	delete(c.addrs, dc)
+	prefill := c.add(helloOf(pf, transfer.RolePrefill), Options{}).(*GRPC)
+	hb := &transfer.Heartbeat{Ref: testRef()}
+	page := &transfer.Page{Ref: testRef(), Index: 0, Filled: 16, Data: pageData(64)}
+
+	if err := prefill.Send(t.Context(), dc, hb); !errors.Is(err, ErrNoRoute) {
+		t.Fatalf("send before SetPeer: %v, want ErrNoRoute", err)
+	}
+	if err := prefill.SetPeer(dc, "no port"); !errors.Is(err, ErrNoRoute) {
+		t.Fatalf("SetPeer with a bad address: %v", err)
+	}
+	if err := prefill.SetPeer(dc, addr); err != nil {
+		t.Fatal(err)
+	}
+	send(t, prefill, dc, hb)
+	send(t, prefill, dc, page)
+	for range 2 {
+		if in := recv(t, decode); in.Msg == nil || in.From.Name != pf {
+			t.Fatalf("decode got %+v", in)
+		}
+	}
+	if err := prefill.SetPeer(dc, addr); err != nil { // unchanged: nothing happens
+		t.Fatal(err)
+	}
+	send(t, prefill, dc, hb)
+	recv(t, decode)
+
+	prefill.RemovePeer(dc)
+	// Both links (control and pages) end, and are reported.
+	for range 2 {
+		if in := down(t, prefill); in.From.Name != dc || !strings.Contains(in.Down.Error(), "left the cluster") {
+			t.Fatalf("PeerDown %+v", in)
+		}
+	}
+	if err := prefill.Send(t.Context(), dc, hb); !errors.Is(err, ErrNoRoute) {
+		t.Fatalf("send after RemovePeer: %v, want ErrNoRoute", err)
+	}
+	for range 2 {
+		down(t, decode)
+	}
+
+	// decode-1 again, a new process at a new address.
+	if err := prefill.SetPeer(dc, addr); err != nil {
+		t.Fatal(err)
+	}
+	send(t, prefill, dc, hb)
+	recv(t, decode)
+	c.listener(dc)
+	decode2 := c.add(helloOf(dc, transfer.RoleDecode), Options{})
+	if err := prefill.SetPeer(dc, c.addrs[dc]); err != nil {
+		t.Fatal(err)
+	}
+	if in := down(t, prefill); !strings.Contains(in.Down.Error(), "moved from") {
+		t.Fatalf("PeerDown %+v, want the move named", in)
+	}
+	send(t, prefill, dc, hb)
+	if in := recv(t, decode2); in.Msg == nil {
+		t.Fatalf("new decode-1 got %+v", in)
+	}
+	down(t, decode)
+	quiet(t, decode)
+}
+
+// TestGRPCPeersConcurrent: SetPeer and RemovePeer race with Sends (run
+// with -race): every Send succeeds or fails with a link error, nothing
+// else.
+func TestGRPCPeersConcurrent(t *testing.T) {
+	c := newCluster(t, "grpc")
+	c.listener(dc)
+	decode := c.add(helloOf(dc, transfer.RoleDecode), Options{InboxSize: 1024})
+	addr := c.addrs[dc]
+	delete(c.addrs, dc)
+	prefill := c.add(helloOf(pf, transfer.RolePrefill), Options{InboxSize: 1024}).(*GRPC)
+	go func() {
+		for range decode.Inbox() {
+		}
+	}()
+	go func() {
+		for range prefill.Inbox() {
+		}
+	}()
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Go(func() {
+			for range 50 {
+				var m transfer.Message = &transfer.Heartbeat{Ref: testRef()}
+				if i%2 == 1 {
+					m = &transfer.Page{Ref: testRef(), Index: 0, Filled: 16, Data: pageData(64)}
+				}
+				err := prefill.Send(t.Context(), dc, m)
+				if err != nil && !errors.Is(err, ErrNoRoute) && !errors.Is(err, ErrPeerDown) {
+					t.Errorf("send: %v", err)
+				}
+			}
+		})
+	}
+	wg.Go(func() {
+		for range 20 {
+			if err := prefill.SetPeer(dc, addr); err != nil {
+				t.Error(err)
+			}
+			runtime.Gosched()
+			prefill.RemovePeer(dc)
+		}
+	})
+	wg.Wait()
 }

@@ -492,6 +492,22 @@ func (n *node) ended(l *link) {
 	}
 }
 
+// endLinks ends every link with the node named name, of either class and
+// whichever side opened it; each is reported as a PeerDown.
+func (n *node) endLinks(name transfer.Peer, cause error) {
+	n.mu.Lock()
+	var ls []*link
+	for l := range n.links {
+		if l.peer.Name == name {
+			ls = append(ls, l)
+		}
+	}
+	n.mu.Unlock()
+	for _, l := range ls {
+		l.fail(cause)
+	}
+}
+
 // close ends every link, waits for the node's goroutines (after
 // stopTransport, which must make blocked dials and streams return) and
 // closes the inbox.
