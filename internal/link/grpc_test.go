@@ -199,6 +199,10 @@ func TestListenerRefuses(t *testing.T) {
 					t.Errorf("PeerDown %v, want %v", in.Down, tc.err)
 				}
 			}
+			deadline := time.Now().Add(5 * time.Second)
+			for stats(decode).Refused == 0 && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond) // counted by the handshake's goroutine, maybe just after the stream ended
+			}
 			decode.Close()
 			for in := range decode.Inbox() {
 				t.Errorf("decode received %+v", in)
