@@ -12,6 +12,7 @@ import (
 	"github.com/pagewarden/pagewarden/internal/model"
 	"github.com/pagewarden/pagewarden/internal/node"
 	"github.com/pagewarden/pagewarden/internal/request"
+	"github.com/pagewarden/pagewarden/internal/testdata"
 )
 
 func nodeOptions() node.Options {
@@ -241,4 +242,59 @@ func TestRouting(t *testing.T) {
 		}
 	}
 	checkBaseline(t, l)
+}
+
+// TestDisaggregatedMatchesOnTestModels: on stories260K (a trained llama2.c
+// model) and the GGUF test models (F32, F16, Q8_0, Q4_0, Q4_K_M, a tied
+// MHA model), greedy output through the split equals one node's, token
+// for token, with the same usage, on a KV cache of F32 and of F16.
+func TestDisaggregatedMatchesOnTestModels(t *testing.T) {
+	type spec struct{ name, file, tok string }
+	specs := []spec{
+		{"stories260K", "stories260K.bin", "tok512.bin"},
+		{"f32", "tiny-llama-f32.gguf", ""}, {"f16", "tiny-llama-f16.gguf", ""}, {"q8_0", "tiny-llama-q8_0.gguf", ""},
+		{"q4_0", "tiny-llama-d256-q4_0.gguf", ""}, {"q4_k_m", "tiny-llama-d256-q4_k_m.gguf", ""}, {"mha-tied", "tiny-llama-d128-mha-tied.gguf", ""},
+	}
+	load := func(s spec) *model.Model {
+		o := model.Options{}
+		if s.tok != "" {
+			o.Tokenizer = testdata.Path(t, "models", s.tok)
+		}
+		m, err := model.Load(testdata.Path(t, "models", s.file), o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	for _, s := range specs {
+		for _, kv := range []kvcache.DType{kvcache.F32, kvcache.F16} {
+			if testing.Short() && kv == kvcache.F16 {
+				continue
+			}
+			t.Run(fmt.Sprintf("%s/%v", s.name, kv), func(t *testing.T) {
+				o := node.Options{Threads: 1, KVMemory: 8 << 20, MaxContext: 256, Scrub: kvcache.ScrubPoison, PageSize: 16, KVType: kv}
+				single, err := node.Start(load(s), o)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer single.Close()
+				l, err := StartLocal(load(s), LocalConfig{Node: o})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer l.Close()
+				for _, text := range []string{"Once upon a time", "One day, Tom saw a big dog in the park. The dog was"} {
+					prompt, _ := single.Tokenize(text, true, false)
+					p := params("acme", prompt, 24)
+					want := run(t, single, p)
+					p.Owner.ID = request.NewID()
+					got := run(t, l, p)
+					if got.res.Reason != want.res.Reason || fmt.Sprint(got.tokens) != fmt.Sprint(want.tokens) || got.res.Usage != want.res.Usage {
+						t.Fatalf("%q: split %v %v %+v, one node %v %v %+v", text, got.res.Reason, got.tokens, got.res.Usage, want.res.Reason, want.tokens, want.res.Usage)
+					}
+				}
+				checkBaseline(t, l)
+			})
+		}
+	}
 }
