@@ -23,8 +23,9 @@
 //     client with success only on a Result of stop or length.
 //   - Every failure ends the request with an error the client sees: a
 //     refused reservation, an aborted or reaped handoff (its reason is
-//     kept), a node that goes down (link.Inbound.Down), a client that
-//     leaves. Pages of a failed handoff are scrubbed, or quarantined when a
+//     kept), a node that goes down (link.Inbound.Down) or leaves the
+//     cluster (Router.SetNodes, from package cluster's membership), a
+//     client that leaves. Pages of a failed handoff are scrubbed, or quarantined when a
 //     writer could not be drained.
 //   - Each driver runs its core in one goroutine; what the scheduler does
 //     runs in the scheduler's own loop. Nothing here reads or writes KV

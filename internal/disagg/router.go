@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,8 +36,13 @@ type Vocabulary interface {
 type RouterConfig struct {
 	Vocabulary Vocabulary
 	Transport  link.Transport
-	// Prefill and Decode name the nodes requests are sent through.
+	// Prefill and Decode name the nodes requests are sent through. They
+	// must name at least one node each unless Dynamic.
 	Prefill, Decode []transfer.Peer
+	// Dynamic says that the node lists change while the router runs
+	// (SetNodes, from cluster membership): they may start empty, and a
+	// request that arrives while one is empty fails as overloaded.
+	Dynamic bool
 	// AbortWait bounds how long an aborted request waits for its decode
 	// node's result before it is ended here (default 5s).
 	AbortWait time.Duration
@@ -67,10 +73,12 @@ type Router struct {
 
 	mu    sync.Mutex
 	calls map[request.Owner]*call
-	next  int                         // round robin over decode nodes
-	load  map[transfer.Peer]int       // requests in flight per prefill node
-	pages map[transfer.Peer]int       // worst-case KV pages of the requests in flight per decode node
-	down  map[transfer.Peer]time.Time // nodes out of rotation, until
+	// prefill and decode are the nodes in the cluster now (SetNodes).
+	prefill, decode []transfer.Peer
+	next            int                         // round robin over decode nodes
+	load            map[transfer.Peer]int       // requests in flight per prefill node
+	pages           map[transfer.Peer]int       // worst-case KV pages of the requests in flight per decode node
+	down            map[transfer.Peer]time.Time // nodes out of rotation, until
 	// affinity remembers which prefill node last computed a tenant's
 	// prompt prefix (its first page), so that the node's tenant-scoped
 	// prefix cache can serve the next prompt that starts the same way.
@@ -86,8 +94,11 @@ var _ gateway.Backend = (*Router)(nil)
 
 // NewRouter builds a router; Run must be running for requests to progress.
 func NewRouter(cfg RouterConfig) (*Router, error) {
-	if cfg.Vocabulary == nil || cfg.Transport == nil || len(cfg.Prefill) == 0 || len(cfg.Decode) == 0 {
-		return nil, errors.New("disagg: a router needs a vocabulary, a transport and at least one prefill and one decode node")
+	if cfg.Vocabulary == nil || cfg.Transport == nil {
+		return nil, errors.New("disagg: a router needs a vocabulary and a transport")
+	}
+	if !cfg.Dynamic && (len(cfg.Prefill) == 0 || len(cfg.Decode) == 0) {
+		return nil, errors.New("disagg: a router needs at least one prefill and one decode node")
 	}
 	if cfg.AbortWait <= 0 {
 		cfg.AbortWait = 5 * time.Second
@@ -100,6 +111,7 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	}
 	return &Router{
 		Vocabulary: cfg.Vocabulary, cfg: cfg, log: cfg.Logger,
+		prefill: slices.Clone(cfg.Prefill), decode: slices.Clone(cfg.Decode),
 		calls: make(map[request.Owner]*call), load: make(map[transfer.Peer]int), pages: make(map[transfer.Peer]int),
 		down: make(map[transfer.Peer]time.Time), affinity: make(map[[32]byte]transfer.Peer), fails: make(map[string]uint64),
 		done: make(chan struct{}),
@@ -174,8 +186,12 @@ func (rt *Router) Submit(ctx context.Context, p request.Params) (gateway.Stream,
 		rt.mu.Unlock()
 		return nil, fmt.Errorf("%w: duplicate request id", request.ErrInternal)
 	}
-	rt.calls[p.Owner] = c
 	c.prefill = rt.pickPrefill(p)
+	if c.prefill == "" {
+		rt.mu.Unlock()
+		return nil, fmt.Errorf("%w: no prefill node in the cluster", request.ErrOverloaded)
+	}
+	rt.calls[p.Owner] = c
 	rt.load[c.prefill]++
 	c.pages = request.MaxKVPages(len(p.Prompt), p.MaxTokens, rt.Limits().PageSize)
 	c.tried = map[transfer.Peer]bool{}
@@ -258,10 +274,14 @@ func prefixKey(p request.Params, pageSize int) (k [32]byte, ok bool) {
 // pickPrefill chooses p's prefill node among those in rotation: the one
 // that last computed p's prefix if it is not much busier than the rest,
 // else the one with the fewest requests in flight (any node when none is
-// in rotation: it may have come back). Called with rt.mu held.
+// in rotation: it may have come back; none when there is no prefill node).
+// Called with rt.mu held.
 func (rt *Router) pickPrefill(p request.Params) transfer.Peer {
+	if len(rt.prefill) == 0 {
+		return ""
+	}
 	var best transfer.Peer
-	for _, n := range rt.cfg.Prefill {
+	for _, n := range rt.prefill {
 		if rt.isDown(n) {
 			continue
 		}
@@ -270,13 +290,13 @@ func (rt *Router) pickPrefill(p request.Params) transfer.Peer {
 		}
 	}
 	if best == "" {
-		best = rt.cfg.Prefill[rt.next%len(rt.cfg.Prefill)]
+		best = rt.prefill[rt.next%len(rt.prefill)]
 	}
 	key, ok := prefixKey(p, rt.Limits().PageSize)
 	if !ok {
 		return best
 	}
-	if n, hit := rt.affinity[key]; hit && !rt.isDown(n) && rt.load[n] <= rt.load[best]+affinitySlack {
+	if n, hit := rt.affinity[key]; hit && !rt.isDown(n) && slices.Contains(rt.prefill, n) && rt.load[n] <= rt.load[best]+affinitySlack {
 		best = n
 	}
 	if len(rt.affinity) >= maxAffinity {
@@ -293,7 +313,7 @@ func (rt *Router) pickPrefill(p request.Params) transfer.Peer {
 func (rt *Router) pickDecode(c *call) (transfer.Peer, bool) {
 	var best transfer.Peer
 	for _, pass := range []bool{false, true} { // in rotation first, then any untried
-		for _, n := range rt.cfg.Decode {
+		for _, n := range rt.decode {
 			if c.tried[n] || (!pass && rt.isDown(n)) {
 				continue
 			}
@@ -620,10 +640,70 @@ func (rt *Router) countFailure(r transfer.Reason) {
 	rt.mu.Unlock()
 }
 
-// peerDown ends every request that depends on node: all of a decode
-// node's, and a prefill node's that have not committed.
+// SetNodes replaces the prefill and decode nodes requests are sent
+// through (cluster membership); safe to call while requests are
+// submitted. A node that left takes no new request from now on, and the
+// requests that depend on it end with an error at once, as when its link
+// goes down: the cluster holds it gone, and a node that lost its
+// membership stops serving (package cluster), so nothing it would still
+// send could be trusted to arrive. A node that (re)joins is in rotation
+// at once.
+func (rt *Router) SetNodes(prefill, decode []transfer.Peer) {
+	rt.mu.Lock()
+	var gone []transfer.Peer
+	for _, n := range rt.prefill {
+		if !slices.Contains(prefill, n) && !slices.Contains(decode, n) {
+			gone = append(gone, n)
+		}
+	}
+	for _, n := range rt.decode {
+		if !slices.Contains(prefill, n) && !slices.Contains(decode, n) {
+			gone = append(gone, n)
+		}
+	}
+	for _, n := range slices.Concat(prefill, decode) {
+		if !slices.Contains(rt.prefill, n) && !slices.Contains(rt.decode, n) {
+			delete(rt.down, n) // a new process: give it its chance
+		}
+	}
+	rt.prefill, rt.decode = slices.Clone(prefill), slices.Clone(decode)
+	for n, l := range rt.load {
+		if l == 0 && !slices.Contains(prefill, n) {
+			delete(rt.load, n)
+		}
+	}
+	for n, p := range rt.pages {
+		if p == 0 && !slices.Contains(decode, n) {
+			delete(rt.pages, n)
+		}
+	}
+	rt.mu.Unlock()
+	for _, n := range gone {
+		rt.log.Info("node left the cluster", "node", n)
+		rt.failDependents(n, errLeft)
+	}
+}
+
+// errLeft is why requests end when their node leaves the cluster.
+var errLeft = errors.New("it left the cluster")
+
+// Nodes returns the prefill and decode nodes in the cluster now.
+func (rt *Router) Nodes() (prefill, decode []transfer.Peer) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return slices.Clone(rt.prefill), slices.Clone(rt.decode)
+}
+
+// peerDown takes node out of rotation for a while and ends every request
+// that depends on it.
 func (rt *Router) peerDown(node transfer.Peer, cause error) {
 	rt.markDown(node)
+	rt.failDependents(node, cause)
+}
+
+// failDependents ends every request that depends on node: all of a decode
+// node's, and a prefill node's that have not committed.
+func (rt *Router) failDependents(node transfer.Peer, cause error) {
 	rt.mu.Lock()
 	var hit []*call
 	for _, c := range rt.calls {
@@ -637,9 +717,17 @@ func (rt *Router) peerDown(node transfer.Peer, cause error) {
 	}
 	for _, c := range hit {
 		rt.fail(c, fmt.Errorf("%w: node %s went down: %v", request.ErrInternal, node, cause), transfer.ReasonNone)
-		if c.prefill == node {
+		if c.prefill == node && c.decode != node {
 			// The decode node still holds a reservation for it.
 			_ = rt.cfg.Transport.Send(context.Background(), c.decode, &transfer.Abort{Ref: c.ref, Reason: transfer.ReasonPrefillFailed})
+		} else if errors.Is(cause, errLeft) {
+			// A decode node that left may still be running, cut off
+			// from the cluster only, until it sees its session lost:
+			// tell it (it frees the pages at once). Where its link is
+			// gone too, this fails at once (link.GRPC.RemovePeer).
+			ctx, cancel := context.WithTimeout(context.Background(), sendTimeout)
+			_ = rt.cfg.Transport.Send(ctx, c.decode, &transfer.Abort{Ref: c.ref, Reason: transfer.ReasonAborted})
+			cancel()
 		}
 	}
 }
