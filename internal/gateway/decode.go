@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
+	"slices"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -30,7 +33,8 @@ const (
 
 // commonFields are the generation parameters shared by both endpoints.
 // Pointers distinguish "absent or null" from zero. Unknown fields are
-// ignored, as OpenAI does.
+// ignored, as OpenAI does. Refused fields (fields.go) are raw, checked
+// against their defaults by the endpoint's refusals.
 type commonFields struct {
 	Model               string          `json:"model"`
 	MaxTokens           *int            `json:"max_tokens"`
@@ -42,27 +46,69 @@ type commonFields struct {
 	RepetitionPenalty   *float64        `json:"repetition_penalty"`
 	PresencePenalty     *float64        `json:"presence_penalty"`
 	FrequencyPenalty    *float64        `json:"frequency_penalty"`
+	LogitBias           json.RawMessage `json:"logit_bias"`
 	Stop                json.RawMessage `json:"stop"`
+	StopTokenIDs        []int           `json:"stop_token_ids"`
+	IgnoreEOS           *bool           `json:"ignore_eos"`
 	Seed                *int64          `json:"seed"`
-	N                   *int            `json:"n"`
 	Stream              *bool           `json:"stream"`
 	StreamOptions       *struct {
 		IncludeUsage *bool `json:"include_usage"`
 	} `json:"stream_options"`
-	User        *string `json:"user"`
-	CacheSalt   *string `json:"cache_salt"`
-	TopLogprobs *int    `json:"top_logprobs"`
+	User      *string `json:"user"`
+	CacheSalt *string `json:"cache_salt"`
+
+	N                       json.RawMessage `json:"n"`
+	TopLogprobs             json.RawMessage `json:"top_logprobs"`
+	GuidedJSON              json.RawMessage `json:"guided_json"`
+	GuidedRegex             json.RawMessage `json:"guided_regex"`
+	GuidedChoice            json.RawMessage `json:"guided_choice"`
+	GuidedGrammar           json.RawMessage `json:"guided_grammar"`
+	GuidedDecodingBackend   json.RawMessage `json:"guided_decoding_backend"`
+	GuidedWhitespacePattern json.RawMessage `json:"guided_whitespace_pattern"`
+	StructuredOutputs       json.RawMessage `json:"structured_outputs"`
+	Grammar                 json.RawMessage `json:"grammar"`
+	JSONSchema              json.RawMessage `json:"json_schema"`
+	MinTokens               json.RawMessage `json:"min_tokens"`
+	UseBeamSearch           json.RawMessage `json:"use_beam_search"`
+	LengthPenalty           json.RawMessage `json:"length_penalty"`
+	AllowedTokenIDs         json.RawMessage `json:"allowed_token_ids"`
+	BadWords                json.RawMessage `json:"bad_words"`
+	IncludeStopStrInOutput  json.RawMessage `json:"include_stop_str_in_output"`
+	PromptLogprobs          json.RawMessage `json:"prompt_logprobs"`
+	TruncatePromptTokens    json.RawMessage `json:"truncate_prompt_tokens"`
 }
 
 type chatRequest struct {
 	commonFields
-	Messages       []chatMessage   `json:"messages"`
-	Logprobs       *bool           `json:"logprobs"`
-	Tools          json.RawMessage `json:"tools"`
-	ResponseFormat *struct {
-		Type string `json:"type"`
-	} `json:"response_format"`
-	AddGenerationPrompt *bool `json:"add_generation_prompt"`
+	Messages            []chatMessage `json:"messages"`
+	AddGenerationPrompt *bool         `json:"add_generation_prompt"`
+	// Accepted, without effect on the output (fields.go).
+	Metadata             map[string]string `json:"metadata"`
+	PromptCacheKey       *string           `json:"prompt_cache_key"`
+	PromptCacheRetention *string           `json:"prompt_cache_retention"`
+	SafetyIdentifier     *string           `json:"safety_identifier"`
+
+	Store                json.RawMessage `json:"store"`
+	Logprobs             json.RawMessage `json:"logprobs"`
+	Tools                json.RawMessage `json:"tools"`
+	ToolChoice           json.RawMessage `json:"tool_choice"`
+	ParallelToolCalls    json.RawMessage `json:"parallel_tool_calls"`
+	Functions            json.RawMessage `json:"functions"`
+	FunctionCall         json.RawMessage `json:"function_call"`
+	ResponseFormat       json.RawMessage `json:"response_format"`
+	Modalities           json.RawMessage `json:"modalities"`
+	Audio                json.RawMessage `json:"audio"`
+	Prediction           json.RawMessage `json:"prediction"`
+	ReasoningEffort      json.RawMessage `json:"reasoning_effort"`
+	Verbosity            json.RawMessage `json:"verbosity"`
+	WebSearchOptions     json.RawMessage `json:"web_search_options"`
+	ServiceTier          json.RawMessage `json:"service_tier"`
+	Echo                 json.RawMessage `json:"echo"`
+	ContinueFinalMessage json.RawMessage `json:"continue_final_message"`
+	ChatTemplate         json.RawMessage `json:"chat_template"`
+	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
+	Documents            json.RawMessage `json:"documents"`
 }
 
 type chatMessage struct {
@@ -73,11 +119,12 @@ type chatMessage struct {
 
 type completionRequest struct {
 	commonFields
-	Prompt   json.RawMessage `json:"prompt"`
-	Logprobs *int            `json:"logprobs"`
-	Echo     *bool           `json:"echo"`
-	BestOf   *int            `json:"best_of"`
-	Suffix   *string         `json:"suffix"`
+	Prompt json.RawMessage `json:"prompt"`
+
+	Logprobs json.RawMessage `json:"logprobs"`
+	Echo     json.RawMessage `json:"echo"`
+	BestOf   json.RawMessage `json:"best_of"`
+	Suffix   json.RawMessage `json:"suffix"`
 }
 
 // genParams is a validated request, independent of the endpoint.
@@ -87,6 +134,8 @@ type genParams struct {
 	maxParam     string // the field maxTokens came from
 	sampling     request.Sampling
 	stop         []string
+	stopTokens   []int // stop_token_ids, each non-negative (the vocabulary is checked at submit)
+	ignoreEOS    bool
 	stream       bool
 	includeUsage bool
 	cacheSalt    string
@@ -222,14 +271,23 @@ func (f *commonFields) validate() (genParams, *apiError) {
 		}
 		g.sampling.RepetitionPenalty = float32(*v)
 	}
-	// Silently ignoring a sampling knob would return output the client did
-	// not ask for; zero (the default) is the only value we honour exactly.
-	if v := f.PresencePenalty; v != nil && *v != 0 {
-		return g, unsupported("presence_penalty", "A non-zero 'presence_penalty'")
+	if v := f.PresencePenalty; v != nil {
+		if *v < -2 || *v > 2 {
+			return g, badRequest("presence_penalty", "'presence_penalty' must be between -2 and 2, got %g.", *v)
+		}
+		g.sampling.PresencePenalty = float32(*v)
 	}
-	if v := f.FrequencyPenalty; v != nil && *v != 0 {
-		return g, unsupported("frequency_penalty", "A non-zero 'frequency_penalty'")
+	if v := f.FrequencyPenalty; v != nil {
+		if *v < -2 || *v > 2 {
+			return g, badRequest("frequency_penalty", "'frequency_penalty' must be between -2 and 2, got %g.", *v)
+		}
+		g.sampling.FrequencyPenalty = float32(*v)
 	}
+	bias, e := parseLogitBias(f.LogitBias)
+	if e != nil {
+		return g, e
+	}
+	g.sampling.LogitBias = bias
 	if f.Seed != nil {
 		g.sampling.Seed = uint64(*f.Seed)
 	} else {
@@ -237,17 +295,23 @@ func (f *commonFields) validate() (genParams, *apiError) {
 		// default would give two tenants the same "random" text.
 		g.sampling.Seed = request.NewSeed()
 	}
-	if f.N != nil && *f.N != 1 {
-		return g, unsupported("n", "'n' other than 1")
-	}
-	if f.TopLogprobs != nil {
-		return g, unsupported("top_logprobs", "'top_logprobs'")
-	}
 	stops, err := parseStop(f.Stop)
 	if err != nil {
 		return g, err
 	}
 	g.stop = stops
+	if len(f.StopTokenIDs) > request.MaxStopTokens {
+		return g, badRequest("stop_token_ids", "'stop_token_ids' may hold at most %d ids.", request.MaxStopTokens)
+	}
+	for _, id := range f.StopTokenIDs {
+		if id < 0 {
+			return g, badRequest("stop_token_ids", "'stop_token_ids' holds a negative id: %d.", id)
+		}
+	}
+	if len(f.StopTokenIDs) > 0 {
+		g.stopTokens = f.StopTokenIDs
+	}
+	g.ignoreEOS = f.IgnoreEOS != nil && *f.IgnoreEOS
 	g.stream = f.Stream != nil && *f.Stream
 	if f.StreamOptions != nil {
 		if !g.stream {
@@ -268,6 +332,51 @@ func (f *commonFields) validate() (genParams, *apiError) {
 		g.cacheSalt = *f.CacheSalt
 	}
 	return g, nil
+}
+
+// parseLogitBias accepts null or an object mapping token ids (decimal
+// strings, as OpenAI's API has them) to biases in [-100, 100], at most
+// request.MaxLogitBias of them. The result is sorted by token, each token
+// once, nil when empty; whether the ids are in the vocabulary is checked
+// at submit.
+func parseLogitBias(raw json.RawMessage) ([]request.TokenBias, *apiError) {
+	if isNull(raw) {
+		return nil, nil
+	}
+	var m map[string]*float64
+	if err := json.Unmarshal(raw, &m); err != nil {
+		e := badRequest("logit_bias", "'logit_bias' must be an object mapping token ids to numbers between -%d and %d.", request.MaxBias, request.MaxBias)
+		e.Code, e.Err = "invalid_type", err
+		return nil, e
+	}
+	if len(m) > request.MaxLogitBias {
+		return nil, badRequest("logit_bias", "'logit_bias' may hold at most %d entries, got %d.", request.MaxLogitBias, len(m))
+	}
+	// In key order, so that a body with several faults always gets the
+	// same answer.
+	keys := slices.Sorted(maps.Keys(m))
+	out := make([]request.TokenBias, 0, len(keys))
+	for _, k := range keys {
+		id, err := strconv.ParseUint(k, 10, 31)
+		if err != nil {
+			return nil, badRequest("logit_bias", "'logit_bias' has a key that is not a token id; keys must be non-negative integers written as strings, such as \"50256\".")
+		}
+		v := m[k]
+		if v == nil || *v < -request.MaxBias || *v > request.MaxBias {
+			return nil, badRequest("logit_bias", "'logit_bias' values must be numbers between -%d and %d (token %d).", request.MaxBias, request.MaxBias, id)
+		}
+		out = append(out, request.TokenBias{Token: int(id), Bias: float32(*v)})
+	}
+	slices.SortFunc(out, func(a, b request.TokenBias) int { return a.Token - b.Token })
+	for i := 1; i < len(out); i++ {
+		if out[i].Token == out[i-1].Token {
+			return nil, badRequest("logit_bias", "'logit_bias' names token %d twice.", out[i].Token)
+		}
+	}
+	if len(out) == 0 {
+		return nil, nil
+	}
+	return out, nil
 }
 
 // parseStop accepts a string, an array of strings, or null.
@@ -299,18 +408,15 @@ func parseChat(body []byte) (genParams, []message, bool, *apiError) {
 	if e := decodeJSON(body, &req); e != nil {
 		return genParams{}, nil, false, e
 	}
+	if e := chatRefusals.check(&req); e != nil {
+		return genParams{}, nil, false, e
+	}
 	g, e := req.validate()
 	if e != nil {
 		return g, nil, false, e
 	}
-	if req.Logprobs != nil && *req.Logprobs {
-		return g, nil, false, unsupported("logprobs", "'logprobs'")
-	}
-	if !isNull(req.Tools) && !bytes.Equal(bytes.TrimSpace(req.Tools), []byte("[]")) {
-		return g, nil, false, unsupported("tools", "Tool calling")
-	}
-	if rf := req.ResponseFormat; rf != nil && rf.Type != "" && rf.Type != "text" {
-		return g, nil, false, unsupported("response_format", "'response_format' other than text")
+	if e := req.checkAccepted(); e != nil {
+		return g, nil, false, e
 	}
 	if len(req.Messages) == 0 {
 		return g, nil, false, badRequest("messages", "'messages' must be a non-empty array.")
@@ -338,6 +444,35 @@ func parseChat(body []byte) (genParams, []message, bool, *apiError) {
 	}
 	addGen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
 	return g, msgs, addGen, nil
+}
+
+// Bounds on the accepted metadata fields, as OpenAI states them.
+const (
+	maxMetadataPairs = 16
+	maxMetadataKey   = 64
+	maxMetadataValue = 512
+)
+
+// checkAccepted checks the shape of the accepted, non-sampling fields: they
+// change nothing, but a value OpenAI would refuse is refused here too.
+func (r *chatRequest) checkAccepted() *apiError {
+	if len(r.Metadata) > maxMetadataPairs {
+		return badRequest("metadata", "'metadata' may hold at most %d pairs.", maxMetadataPairs)
+	}
+	for k, v := range r.Metadata {
+		if len(k) > maxMetadataKey || len(v) > maxMetadataValue {
+			return badRequest("metadata", "'metadata' keys must be at most %d characters and values at most %d.", maxMetadataKey, maxMetadataValue)
+		}
+	}
+	for _, f := range []struct {
+		name string
+		v    *string
+	}{{"prompt_cache_key", r.PromptCacheKey}, {"prompt_cache_retention", r.PromptCacheRetention}, {"safety_identifier", r.SafetyIdentifier}} {
+		if f.v != nil && len(*f.v) > maxUserBytes {
+			return badRequest(f.name, "'%s' must be at most %d bytes.", f.name, maxUserBytes)
+		}
+	}
+	return nil
 }
 
 // parseContent accepts a string, an array of text parts, or (for the
@@ -379,21 +514,12 @@ func parseCompletion(body []byte) (genParams, promptInput, *apiError) {
 	if e := decodeJSON(body, &req); e != nil {
 		return genParams{}, promptInput{}, e
 	}
+	if e := completionRefusals.check(&req); e != nil {
+		return genParams{}, promptInput{}, e
+	}
 	g, e := req.validate()
 	if e != nil {
 		return g, promptInput{}, e
-	}
-	if req.Logprobs != nil {
-		return g, promptInput{}, unsupported("logprobs", "'logprobs'")
-	}
-	if req.Echo != nil && *req.Echo {
-		return g, promptInput{}, unsupported("echo", "'echo'")
-	}
-	if req.BestOf != nil && *req.BestOf != 1 {
-		return g, promptInput{}, unsupported("best_of", "'best_of' other than 1")
-	}
-	if req.Suffix != nil && *req.Suffix != "" {
-		return g, promptInput{}, unsupported("suffix", "'suffix'")
 	}
 	p, e := parsePrompt(req.Prompt)
 	return g, p, e

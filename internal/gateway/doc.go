@@ -23,6 +23,55 @@
 //     logged (one slog line per request, without prompt text unless
 //     Config.LogPrompts), never sent.
 //
+// Every known request field is honoured, accepted or refused (fields.go
+// holds the tables; TestRequestSchema checks them against OpenAI's chat
+// and completion request schemas, field by field). A sampling knob is
+// never silently ignored:
+//
+//	honoured, both endpoints   model, max_tokens, max_completion_tokens,
+//	                           temperature, top_p, seed, stop, stream,
+//	                           stream_options (include_usage),
+//	                           presence_penalty and frequency_penalty
+//	                           ([-2, 2], over generated tokens),
+//	                           logit_bias (≤ 300 ids in the vocabulary,
+//	                           [-100, 100], -100 bans); vLLM's top_k,
+//	                           min_p, repetition_penalty, ignore_eos,
+//	                           stop_token_ids (≤ 64 ids in the vocabulary;
+//	                           finish "stop", the token's text not shown),
+//	                           cache_salt
+//	honoured, chat             messages, add_generation_prompt
+//	honoured, completions      prompt (one: text or token ids)
+//	accepted (no effect)       user; chat: metadata (≤ 16 pairs),
+//	                           prompt_cache_key, prompt_cache_retention,
+//	                           safety_identifier
+//	refused unless default     n (1), top_logprobs; chat: logprobs (false),
+//	                           tools ([]), tool_choice ("none"),
+//	                           parallel_tool_calls (true), functions ([]),
+//	                           function_call ("none"), response_format
+//	                           ({"type":"text"}), modalities (["text"]),
+//	                           audio, prediction, reasoning_effort,
+//	                           verbosity, web_search_options, service_tier
+//	                           ("auto", "default"), store (false: stored
+//	                           completions cannot be read back here);
+//	                           completions: logprobs, echo (false),
+//	                           best_of (1), suffix ("")
+//	refused (vLLM, llama.cpp)  guided_json, guided_regex, guided_choice,
+//	                           guided_grammar, guided_decoding_backend,
+//	                           guided_whitespace_pattern, structured_outputs,
+//	                           grammar, json_schema, min_tokens (0),
+//	                           use_beam_search (false), length_penalty (1),
+//	                           allowed_token_ids, bad_words ([]),
+//	                           include_stop_str_in_output (false),
+//	                           prompt_logprobs, truncate_prompt_tokens;
+//	                           chat: echo (false), continue_final_message
+//	                           (false), chat_template, chat_template_kwargs,
+//	                           documents
+//
+// A refused field is a 400 unsupported_parameter naming it unless it is
+// absent, null or one of the defaults in parentheses (values that ask for
+// what the server does anyway). Unknown fields are accepted and ignored,
+// as OpenAI's server does.
+//
 // Chat prompts are rendered with the model's GGUF chat template through
 // package chattmpl; when the model has none, or its template cannot be
 // parsed or run, the ChatML format of chattmpl.Fallback is used (a

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -206,6 +207,9 @@ type responder interface {
 // SSE error event by c.fail.
 func (c *call) generate(prompt []int, promptParam string, g genParams, resp responder) *apiError {
 	s := c.s
+	if e := s.checkTokenIDs(&g); e != nil {
+		return e
+	}
 	maxTokens, pages, e := s.charge(len(prompt), promptParam, &g, c.tenant.Limits.MaxKVPages)
 	if e != nil {
 		return e
@@ -228,6 +232,7 @@ func (c *call) generate(prompt []int, promptParam string, g genParams, resp resp
 	owner := request.Owner{Tenant: request.Tenant(c.tenant.ID), ID: c.id}
 	p := request.Params{
 		Owner: owner, Prompt: prompt, MaxTokens: maxTokens, Sampling: g.sampling,
+		StopTokens: g.stopTokens, IgnoreEOS: g.ignoreEOS,
 		// The tenant's namespace (fixed length) comes first, so the
 		// client's salt only ever subdivides the tenant's own cache.
 		CacheSalt: c.tenant.CacheNamespace + "|" + g.cacheSalt, Priority: c.tenant.Limits.Priority,
@@ -257,6 +262,26 @@ func (c *call) generate(prompt []int, promptParam string, g genParams, resp resp
 	}
 	c.completionTokens = count
 	return e
+}
+
+// checkTokenIDs refuses token ids the client named (logit_bias keys,
+// stop_token_ids) that are not in the model's vocabulary.
+func (s *Server) checkTokenIDs(g *genParams) *apiError {
+	ids := make([]int, 0, len(g.sampling.LogitBias))
+	for _, b := range g.sampling.LogitBias {
+		ids = append(ids, b.Token)
+	}
+	for _, f := range []struct {
+		param string
+		ids   []int
+	}{{"logit_bias", ids}, {"stop_token_ids", g.stopTokens}} {
+		if _, err := s.backend.Detokenize(f.ids); err != nil {
+			e := badRequest(f.param, "'%s' holds a token id that is not in the model's vocabulary.", f.param)
+			e.Err = err
+			return e
+		}
+	}
+	return nil
 }
 
 // relay copies tokens from st to the client, checking every token's owner
@@ -319,7 +344,10 @@ loop:
 			}
 			last = now
 			count++
-			if s.backend.IsEOG(tok.ID) {
+			// The text of an end-of-generation token is never shown
+			// (with ignore_eos neither), nor that of a stop token id,
+			// as vLLM leaves it out.
+			if s.backend.IsEOG(tok.ID) || slices.Contains(g.stopTokens, tok.ID) {
 				continue
 			}
 			out, stop := text.push(s.backend.TokenPiece(tok.ID))

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -102,6 +103,8 @@ func FuzzChatRequest(f *testing.F) {
 	for _, s := range []string{
 		`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"stream":true,"stream_options":{"include_usage":true}}`,
 		`{"messages":[{"role":"system","content":[{"type":"text","text":"a"}]},{"role":"assistant","content":null}],"stop":["x","y"],"temperature":0.5,"top_p":0.9,"seed":-1}`,
+		`{"messages":[{"role":"user","content":"x"}],"logit_bias":{"5":-100,"07":3},"stop_token_ids":[3],"ignore_eos":true,"presence_penalty":-2}`,
+		`{"messages":[{"role":"user","content":"x"}],"tool_choice":"none","response_format":{"type":"text"},"modalities":["text"],"n":1.0}`,
 		`{"messages":[],"n":2}`, `[]`, `{"messages":[{"role":"user","content":"\ud800"}]}`, "{\"messages\":\"\xff\"}",
 	} {
 		f.Add([]byte(s))
@@ -116,6 +119,16 @@ func FuzzChatRequest(f *testing.F) {
 		}
 		if len(msgs) == 0 || g.maxTokens < 0 || len(g.stop) > maxStops {
 			t.Fatalf("accepted invalid request: %+v %+v", g, msgs)
+		}
+		bias := g.sampling.LogitBias
+		if len(bias) > request.MaxLogitBias || len(g.stopTokens) > request.MaxStopTokens ||
+			!slices.IsSortedFunc(bias, func(a, b request.TokenBias) int { return a.Token - b.Token }) {
+			t.Fatalf("accepted unbounded lists: %+v", g)
+		}
+		for i, b := range bias {
+			if b.Token < 0 || b.Bias < -request.MaxBias || b.Bias > request.MaxBias || (i > 0 && b.Token == bias[i-1].Token) {
+				t.Fatalf("accepted logit bias %+v", bias)
+			}
 		}
 		for _, m := range msgs {
 			if m.Role != "system" && m.Role != "user" && m.Role != "assistant" {

@@ -2,18 +2,21 @@
 // gateway (and anything that drives it) without a model.
 //
 // The fake model is byte-level: token id b+3 is the byte b, 1 is BOS "<s>",
-// 2 is EOS "</s>". It "generates" a scripted reply one byte per token, tags
-// every token with the request's owner, and can be told per request to
-// fail, abort, stall, or emit output with a wrong owner, so the gateway's
-// error paths and echo check can be exercised exactly. It also accounts KV
-// pages the way a real pool would (reserved on Submit, returned at the
-// terminal state), so tests can assert that nothing leaks.
+// 2 is EOS "</s>". It "generates" a scripted reply one byte per token, then
+// EOS (ending early at one of the request's StopTokens; with IgnoreEOS,
+// EOS repeated up to MaxTokens), tags every token with the request's
+// owner, and can be told per request to fail, abort, stall, or emit output
+// with a wrong owner, so the gateway's error paths and echo check can be
+// exercised exactly. It also accounts KV pages the way a real pool would
+// (reserved on Submit, returned at the terminal state), so tests can
+// assert that nothing leaks.
 package gatewaytest
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -272,10 +275,21 @@ func (s *stream) run(ctx context.Context) {
 		ids = append(ids, byteBase+int(s.b.Reply[i]))
 	}
 	reason := request.FinishLength
-	if len(ids) < s.p.MaxTokens {
+	stop := slices.IndexFunc(ids, func(id int) bool { return slices.Contains(s.p.StopTokens, id) })
+	switch {
+	case stop >= 0 && stop < s.p.MaxTokens:
+		// A stop token id ends the reply, delivered (as the scheduler does).
+		ids, reason = ids[:stop+1], request.FinishStop
+	case len(ids) < s.p.MaxTokens && s.p.IgnoreEOS:
+		// Past the end of the reply, a model keeps drawing; here it
+		// draws EOS until max_tokens.
+		for len(ids) < s.p.MaxTokens {
+			ids = append(ids, EOS)
+		}
+	case len(ids) < s.p.MaxTokens:
 		ids = append(ids, EOS)
 		reason = request.FinishStop
-	} else {
+	default:
 		ids = ids[:s.p.MaxTokens]
 	}
 	for i, id := range ids {
