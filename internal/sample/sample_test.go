@@ -271,6 +271,12 @@ func TestLogitBias(t *testing.T) {
 			t.Errorf("%+v: draws %v; tokens 0 and 2 are banned", cfg, seen)
 		}
 	}
+	// A ban is not -100 added: it holds however far ahead the token is.
+	for _, cfg := range []request.Sampling{{LogitBias: ban(0)}, {Temperature: 1, LogitBias: ban(0)}, {Temperature: 1, TopK: 1, LogitBias: ban(0)}} {
+		if got := must(t, New(cfg), []float32{500, 0, -60}); got != 1 {
+			t.Errorf("%+v: banned token 500 logits ahead: picked %d", cfg, got)
+		}
+	}
 	for _, cfg := range []request.Sampling{{LogitBias: ban(0, 1, 2, 3)}, {Temperature: 1, LogitBias: ban(0, 1, 2, 3)}} {
 		if tok, err := New(cfg).Sample(slices.Clone(logits)); !errors.Is(err, ErrNoCandidate) {
 			t.Errorf("%+v: every token banned gave %d, %v", cfg, tok, err)
