@@ -226,7 +226,7 @@ var (
 func (rs refusals) check(req any) *apiError {
 	v := reflect.ValueOf(req).Elem()
 	for _, r := range rs {
-		raw := v.FieldByIndex(r.index).Interface().(json.RawMessage)
+		raw := json.RawMessage(v.FieldByIndex(r.index).Bytes()) // Bytes, unlike Interface, does not allocate
 		if isNull(raw) || r.isDefault(raw) {
 			continue
 		}
