@@ -3,13 +3,16 @@ package cli
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/spf13/cobra"
 
 	"github.com/pagewarden/pagewarden/internal/testdata"
 )
@@ -276,5 +279,41 @@ func TestVersionFlag(t *testing.T) {
 	var out, errOut bytes.Buffer
 	if code := Main(context.Background(), []string{"--version"}, &out, &errOut); code != 0 || !strings.Contains(out.String(), "handoff    protocol") {
 		t.Fatalf("exit %d: %q %q", code, out.String(), errOut.String())
+	}
+}
+
+// TestQueueFlags: the queue limits reach the node's options, with a finite
+// default wait, and nonsense is a usage error.
+func TestQueueFlags(t *testing.T) {
+	var nf nodeFlags
+	c := &cobra.Command{Use: "x"}
+	nf.register(c)
+	if err := c.ParseFlags([]string{"--max-queued", "10", "--max-queued-per-tenant", "3", "--max-queue-wait", "5s"}); err != nil {
+		t.Fatal(err)
+	}
+	o, err := nf.options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.MaxQueued != 10 || o.MaxQueuedPerTenant != 3 || o.MaxQueueWait != 5*time.Second {
+		t.Fatalf("options %+v", o)
+	}
+	var def nodeFlags
+	d := &cobra.Command{Use: "y"}
+	def.register(d)
+	if o, err := def.options(); err != nil || o.MaxQueueWait != time.Minute {
+		t.Fatalf("default queue wait %v (%v)", o.MaxQueueWait, err)
+	}
+	for _, args := range [][]string{{"--max-queued", "0"}, {"--max-queued-per-tenant", "-1"}, {"--max-queue-wait", "-1s"}} {
+		var bad nodeFlags
+		b := &cobra.Command{Use: "z"}
+		bad.register(b)
+		if err := b.ParseFlags(args); err != nil {
+			t.Fatal(err)
+		}
+		var ue usageError
+		if _, err := bad.options(); !errors.As(err, &ue) {
+			t.Errorf("%v: %v, want a usage error", args, err)
+		}
 	}
 }

@@ -38,6 +38,9 @@ type nodeFlags struct {
 	prefixCache  bool
 	batchTokens  int
 	maxRunning   int
+	maxQueued    int
+	maxQueuedPer int
+	maxQueueWait time.Duration
 }
 
 func (f *nodeFlags) register(c *cobra.Command) {
@@ -50,6 +53,9 @@ func (f *nodeFlags) register(c *cobra.Command) {
 	c.Flags().BoolVar(&f.prefixCache, "prefix-cache", true, "share full prompt pages between requests of the same tenant")
 	c.Flags().IntVar(&f.batchTokens, "max-batch-tokens", 512, "tokens per scheduler step (decode tokens plus prefill chunks)")
 	c.Flags().IntVar(&f.maxRunning, "max-running", 64, "sequences running at once over all tenants")
+	c.Flags().IntVar(&f.maxQueued, "max-queued", 4096, "requests waiting for KV pages over all tenants (beyond it: 503 overloaded)")
+	c.Flags().IntVar(&f.maxQueuedPer, "max-queued-per-tenant", 256, "requests one tenant may have waiting (beyond it: 503 overloaded)")
+	c.Flags().DurationVar(&f.maxQueueWait, "max-queue-wait", time.Minute, "how long a request may wait for its first step before it is refused with 503 overloaded (0: forever)")
 }
 
 func (f *nodeFlags) options() (node.Options, error) {
@@ -61,6 +67,7 @@ func (f *nodeFlags) options() (node.Options, error) {
 		Threads: f.threads, PageSize: f.pageSize, KVType: kvType, MaxContext: f.maxContext,
 		SafetyMargin: f.margin, AllowNoScrub: f.allowNoScrub, PrefixCache: f.prefixCache,
 		MaxBatchTokens: f.batchTokens, MaxRunning: f.maxRunning,
+		MaxQueued: f.maxQueued, MaxQueuedPerTenant: f.maxQueuedPer, MaxQueueWait: f.maxQueueWait,
 	}
 	if f.kvMemory != "" {
 		b, err := kvcache.ParseBytes(f.kvMemory)
@@ -85,6 +92,9 @@ func (f *nodeFlags) options() (node.Options, error) {
 	o.Scrub = s
 	if f.batchTokens < 1 || f.maxRunning < 1 {
 		return o, usagef("--max-batch-tokens and --max-running must be at least 1")
+	}
+	if f.maxQueued < 1 || f.maxQueuedPer < 1 || f.maxQueueWait < 0 {
+		return o, usagef("--max-queued and --max-queued-per-tenant must be at least 1, --max-queue-wait 0 (forever) or positive")
 	}
 	return o, nil
 }
