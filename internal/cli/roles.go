@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
+	"github.com/pagewarden/pagewarden/internal/cluster"
 	"github.com/pagewarden/pagewarden/internal/disagg"
 	"github.com/pagewarden/pagewarden/internal/gateway"
 	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
@@ -34,6 +35,7 @@ type linkFlags struct {
 	ca, cert, key   string
 	prefill, decode []string // NAME=HOST:PORT
 	metricsListen   string
+	etcd            etcdFlags
 }
 
 func (f *linkFlags) register(c *cobra.Command, role transfer.Role) {
@@ -51,6 +53,7 @@ func (f *linkFlags) register(c *cobra.Command, role transfer.Role) {
 		c.Flags().StringSliceVar(&f.decode, "decode", nil, "decode nodes, NAME=HOST:PORT (repeat or comma-separate)")
 	}
 	c.Flags().StringVar(&f.metricsListen, "metrics-listen", defaultMetricsListen, "private address that serves /metrics; empty turns it off")
+	f.etcd.register(c, role)
 }
 
 // peers parses NAME=HOST:PORT lists into the transport's address table.
@@ -74,21 +77,21 @@ func parsePeers(flag string, specs []string, table map[transfer.Peer]string) ([]
 }
 
 // transport loads the TLS files and starts the node's gRPC transport.
-func (f *linkFlags) transport(role transfer.Role, layout transfer.Layout, peers map[transfer.Peer]string, logger *slog.Logger) (*link.GRPC, error) {
+func (f *linkFlags) transport(role transfer.Role, layout transfer.Layout, peers map[transfer.Peer]string, logger *slog.Logger) (*link.GRPC, *link.TLS, error) {
 	if f.name == "" {
-		return nil, usagef("--name is required: the node name its certificate carries")
+		return nil, nil, usagef("--name is required: the node name its certificate carries")
 	}
 	if f.ca == "" || f.cert == "" || f.key == "" {
-		return nil, usagef("--tls-ca, --tls-cert and --tls-key are required (pagewarden certs makes a development set)")
+		return nil, nil, usagef("--tls-ca, --tls-cert and --tls-key are required (pagewarden certs makes a development set)")
 	}
 	tl, err := link.LoadTLS(f.ca, f.cert, f.key)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var ln net.Listener
 	if f.listen != "" {
 		if ln, err = net.Listen("tcp", f.listen); err != nil {
-			return nil, fmt.Errorf("--link-listen %s: %w", f.listen, err)
+			return nil, nil, fmt.Errorf("--link-listen %s: %w", f.listen, err)
 		}
 	}
 	t, err := link.NewGRPC(link.GRPCConfig{
@@ -99,9 +102,9 @@ func (f *linkFlags) transport(role transfer.Role, layout transfer.Layout, peers 
 		if ln != nil {
 			ln.Close()
 		}
-		return nil, err
+		return nil, nil, err
 	}
-	return t, nil
+	return t, tl, nil
 }
 
 // serveMetrics serves reg on the private metrics address, if any.
@@ -130,12 +133,15 @@ func runNodeRole(cmd *cobra.Command, nf *nodeFlags, lf *linkFlags, role transfer
 	if err != nil {
 		return err
 	}
+	if err := lf.etcd.check(lf); err != nil {
+		return err
+	}
 	peers := map[transfer.Peer]string{}
 	if _, err := parsePeers("decode", lf.decode, peers); err != nil {
 		return err
 	}
-	if role == transfer.RolePrefill && len(peers) == 0 {
-		return usagef("--decode is required: the decode nodes this prefill node sends pages to")
+	if role == transfer.RolePrefill && len(peers) == 0 && !lf.etcd.enabled() {
+		return usagef("--decode (or --etcd) is required: the decode nodes this prefill node sends pages to")
 	}
 	logger := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), nil)).With("node", lf.name, "role", role.String())
 	invariants.SetStrict(false)
@@ -153,7 +159,7 @@ func runNodeRole(cmd *cobra.Command, nf *nodeFlags, lf *linkFlags, role transfer
 	if lf.listen == "" {
 		return usagef("--link-listen is required: the address other nodes reach this one on")
 	}
-	t, err := lf.transport(role, n.HandoffLayout(), peers, logger)
+	t, tl, err := lf.transport(role, n.HandoffLayout(), peers, logger)
 	if err != nil {
 		return err
 	}
@@ -173,9 +179,19 @@ func runNodeRole(cmd *cobra.Command, nf *nodeFlags, lf *linkFlags, role transfer
 	}
 	defer stop()
 	lim := n.SchedLimits()
+	var ms *membership
+	if lf.etcd.enabled() {
+		if ms, err = lf.etcd.joinCluster(cmd, lf, role, t, tl, n.HandoffLayout(), lim.UsablePages, nil, logger); err != nil {
+			return err
+		}
+		defer ms.close()
+	}
 	logger.Info("serving", "link", t.Addr().String(), "model", m.Name, "max_context", lim.MaxContext, "kv_pages", lim.UsablePages, "page_size", lim.PageSize)
 	fmt.Fprintf(cmd.ErrOrStderr(), "%s %s linked on %s\n", role, lf.name, t.Addr())
-	return run(cmd.Context(), n, t, logger)
+	// With etcd, a lost registration stops the driver (every request it
+	// holds ends; the gateway failed them already when the lease
+	// expired) and the role exits with the loss as its error.
+	return ms.untilLost(cmd.Context(), func(ctx context.Context) error { return run(ctx, n, t, logger) })
 }
 
 func prefillCmd() *cobra.Command {
@@ -249,6 +265,9 @@ tokenizes, and its limits must equal theirs: the handshake refuses a mismatch).`
 			if err != nil {
 				return err
 			}
+			if err := lf.etcd.check(&lf); err != nil {
+				return err
+			}
 			peers := map[transfer.Peer]string{}
 			prefills, err := parsePeers("prefill", lf.prefill, peers)
 			if err != nil {
@@ -258,8 +277,8 @@ tokenizes, and its limits must equal theirs: the handshake refuses a mismatch).`
 			if err != nil {
 				return err
 			}
-			if len(prefills) == 0 || len(decodes) == 0 {
-				return usagef("--prefill and --decode each need at least one node")
+			if (len(prefills) == 0 || len(decodes) == 0) && !lf.etcd.enabled() {
+				return usagef("--prefill and --decode each need at least one node (or --etcd, to find them there)")
 			}
 			logger := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), nil))
 			invariants.SetStrict(false)
@@ -276,14 +295,31 @@ tokenizes, and its limits must equal theirs: the handshake refuses a mismatch).`
 			if err != nil {
 				return err
 			}
-			t, err := lf.transport(transfer.RoleGateway, layout, peers, logger.With("node", lf.name))
+			t, tl, err := lf.transport(transfer.RoleGateway, layout, peers, logger.With("node", lf.name))
 			if err != nil {
 				return err
 			}
 			defer t.Close()
-			rt, err := disagg.NewRouter(disagg.RouterConfig{Vocabulary: node.NewVocab(m, lim), Transport: t, Prefill: prefills, Decode: decodes, Logger: logger})
+			rt, err := disagg.NewRouter(disagg.RouterConfig{Vocabulary: node.NewVocab(m, lim), Transport: t, Prefill: prefills, Decode: decodes,
+				Dynamic: lf.etcd.enabled(), Logger: logger})
 			if err != nil {
 				return err
+			}
+			var lost <-chan struct{}
+			var session *cluster.Session
+			if lf.etcd.enabled() {
+				// The router sends only to registered nodes: one that
+				// leaves (its lease expired) is out of rotation at once.
+				ms, err := lf.etcd.joinCluster(cmd, &lf, transfer.RoleGateway, t, tl, layout, 0, func(v cluster.View) {
+					rt.SetNodes(v.Peers(transfer.RolePrefill), v.Peers(transfer.RoleDecode))
+				}, logger.With("node", lf.name))
+				if err != nil {
+					return err
+				}
+				defer ms.close()
+				session = ms.session
+				lost = session.Done()
+				prefills, decodes = rt.Nodes()
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
@@ -308,17 +344,22 @@ tokenizes, and its limits must equal theirs: the handshake refuses a mismatch).`
 			logger.Info("serving", "addr", ln.Addr().String(), "model", m.Name, "max_context", lim.MaxContext, "prefill", prefills, "decode", decodes)
 			fmt.Fprintf(cmd.ErrOrStderr(), "listening on http://%s\n", ln.Addr())
 			srv.Start(ln)
+			var lostErr error
 			select {
 			case <-cmd.Context().Done():
 			case err := <-routed:
 				return fmt.Errorf("gateway: router stopped: %v", err)
+			case <-lost:
+				// Out of the cluster: stop taking requests, let those in
+				// flight finish (drain-timeout), and exit with the loss.
+				lostErr = fmt.Errorf("%w; stopped taking requests", session.Err())
 			}
 			sctx, scancel := context.WithTimeout(context.Background(), drain)
 			defer scancel()
 			if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 				return err
 			}
-			return nil
+			return lostErr
 		},
 	}
 	nf.register(c)

@@ -181,7 +181,7 @@ func (s *Session) lose(err error) {
 		default:
 		}
 		if err != nil {
-			s.c.log.Error("cluster membership lost", "node", string(s.member.Name), "err", err)
+			s.c.log.Error("cluster membership lost", "member", s.member.String(), "err", err)
 		}
 		s.err = err
 		s.cancel()

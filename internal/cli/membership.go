@@ -1,0 +1,239 @@
+package cli
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pagewarden/pagewarden/internal/cluster"
+	"github.com/pagewarden/pagewarden/internal/link"
+	"github.com/pagewarden/pagewarden/internal/transfer"
+)
+
+// etcdFlags say whether and how a role joins a cluster whose membership
+// lives in etcd (package cluster) instead of static --prefill/--decode
+// lists.
+type etcdFlags struct {
+	endpoints        []string
+	ca, cert, key    string
+	prefix           string
+	ttl, dialTimeout time.Duration
+	advertise        string
+}
+
+func (f *etcdFlags) register(c *cobra.Command, role transfer.Role) {
+	c.Flags().StringSliceVar(&f.endpoints, "etcd", nil, "etcd endpoints (comma-separated): register this node there and find the others through it, instead of --prefill/--decode")
+	c.Flags().StringVar(&f.ca, "etcd-ca", "", "CA certificate (PEM) that etcd's server certificate chains to")
+	c.Flags().StringVar(&f.cert, "etcd-cert", "", "client certificate (PEM) for etcd, if it requires one")
+	c.Flags().StringVar(&f.key, "etcd-key", "", "client key (PEM) for etcd")
+	c.Flags().StringVar(&f.prefix, "etcd-prefix", cluster.DefaultPrefix, "key prefix of this cluster in etcd")
+	c.Flags().DurationVar(&f.ttl, "etcd-lease-ttl", cluster.DefaultTTL, "how long a node that stops renewing its registration stays listed (whole seconds)")
+	c.Flags().DurationVar(&f.dialTimeout, "etcd-dial-timeout", 5*time.Second, "how long to wait for etcd at start-up")
+	if role != transfer.RoleGateway {
+		c.Flags().StringVar(&f.advertise, "advertise-addr", "", "link address registered in etcd for other nodes to dial (default: the --link-listen address)")
+	}
+}
+
+func (f *etcdFlags) enabled() bool { return len(f.endpoints) > 0 }
+
+// check refuses --etcd together with static peer lists.
+func (f *etcdFlags) check(lf *linkFlags) error {
+	if !f.enabled() {
+		if f.ca != "" || f.cert != "" || f.key != "" || f.advertise != "" {
+			return usagef("--etcd-ca, --etcd-cert, --etcd-key and --advertise-addr need --etcd")
+		}
+		return nil
+	}
+	if len(lf.prefill) > 0 || len(lf.decode) > 0 {
+		return usagef("--etcd and --prefill/--decode cannot be used together: with --etcd, nodes find each other through etcd")
+	}
+	cfg := f.config(nil)
+	if err := cfg.Validate(); err != nil {
+		return usagef("--etcd: %v", err)
+	}
+	return nil
+}
+
+func (f *etcdFlags) config(logger *slog.Logger) cluster.Config {
+	return cluster.Config{
+		Endpoints: f.endpoints, DialTimeout: f.dialTimeout, TTL: f.ttl, Prefix: f.prefix,
+		TLS: cluster.TLSFiles{CA: f.ca, Cert: f.cert, Key: f.key}, Logger: logger,
+	}
+}
+
+// advertised is the link address this node registers: --advertise-addr,
+// or the address the transport listens on if other hosts can dial it.
+func (f *etcdFlags) advertised(t *link.GRPC) (string, error) {
+	if f.advertise != "" {
+		if _, _, err := net.SplitHostPort(f.advertise); err != nil {
+			return "", usagef("--advertise-addr %q: %v", f.advertise, err)
+		}
+		return f.advertise, nil
+	}
+	addr := t.Addr().String()
+	host, _, _ := net.SplitHostPort(addr)
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		return "", usagef("--link-listen %s listens on every address: give --advertise-addr, the address other nodes dial", addr)
+	}
+	return addr, nil
+}
+
+// member is the registration of this node.
+func member(name string, role transfer.Role, addr string, layout transfer.Layout, usablePages int, tl *link.TLS) cluster.Member {
+	h := transfer.NewHello(transfer.Peer(name), role, layout)
+	m := cluster.Member{Name: transfer.Peer(name), Role: role, Addr: addr, LayoutHash: h.Hash, Limits: h.Limits,
+		UsablePages: usablePages, Started: time.Now()}
+	if certs := tl.Client.Certificates; len(certs) > 0 && len(certs[0].Certificate) > 0 {
+		m.CertSHA256 = sha256.Sum256(certs[0].Certificate[0])
+	}
+	return m
+}
+
+// membership is a role's view of the cluster through etcd: the client,
+// the session of its registration and the watch that keeps its transport
+// (and, on the gateway, its router) in step with the members.
+type membership struct {
+	client  *cluster.Client
+	session *cluster.Session
+	cancel  context.CancelFunc
+	watched chan error
+}
+
+// follow starts watching the members of the roles this node sends to:
+// each that joins is dialled at its registered address, each that leaves
+// is forgotten (its links end). onView, if set, runs after the transport
+// took each View. follow returns once the first View was taken, so that
+// this node knows its peers before it registers and is sent work.
+func (ms *membership) follow(t *link.GRPC, roles []transfer.Role, self string, onView func(cluster.View), logger *slog.Logger) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	ms.cancel = cancel
+	ms.watched = make(chan error, 1)
+	first := make(chan struct{})
+	seen := false
+	go func() {
+		ms.watched <- ms.client.Watch(ctx, func(v cluster.View) {
+			for _, ch := range v.Changes {
+				m := ch.Member
+				if !slices.Contains(roles, m.Role) || string(m.Name) == self {
+					continue
+				}
+				switch ch.Kind {
+				case cluster.Left:
+					t.RemovePeer(m.Name)
+				default:
+					if err := t.SetPeer(m.Name, m.Addr); err != nil {
+						logger.Warn("member with a bad address left out", "member", m.String(), "err", err)
+					}
+				}
+				logger.Info("cluster member "+ch.Kind.String(), "member", m.String(), "addr", m.Addr, "revision", m.Revision)
+			}
+			if onView != nil {
+				onView(v)
+			}
+			if !seen {
+				seen = true
+				close(first)
+			}
+		})
+	}()
+	select {
+	case <-first:
+		return nil
+	case err := <-ms.watched:
+		return fmt.Errorf("cluster: watch: %w", err)
+	case <-time.After(ms.client.Config().DialTimeout):
+		return fmt.Errorf("%w: no member list within %v", cluster.ErrUnavailable, ms.client.Config().DialTimeout)
+	}
+}
+
+// close leaves the cluster (the registration is revoked, so the others
+// stop sending work at once) and stops the watch.
+func (ms *membership) close() {
+	if ms.session != nil {
+		_ = ms.session.Close()
+	}
+	if ms.cancel != nil {
+		ms.cancel()
+		<-ms.watched
+	}
+	ms.client.Close()
+}
+
+// joinCluster connects to etcd and, for prefill (which sends pages to
+// decode nodes) and the gateway (which sends to both), starts following
+// the members it sends to; then registers this node. The returned
+// membership's session ends if the registration is lost.
+func (f *etcdFlags) joinCluster(cmd *cobra.Command, lf *linkFlags, role transfer.Role, t *link.GRPC, tl *link.TLS,
+	layout transfer.Layout, usablePages int, onView func(cluster.View), logger *slog.Logger,
+) (*membership, error) {
+	addr := ""
+	if role != transfer.RoleGateway {
+		var err error
+		if addr, err = f.advertised(t); err != nil {
+			return nil, err
+		}
+	}
+	c, err := cluster.Dial(cmd.Context(), f.config(logger))
+	if err != nil {
+		return nil, err
+	}
+	ms := &membership{client: c}
+	var follows []transfer.Role
+	switch role {
+	case transfer.RoleGateway:
+		follows = []transfer.Role{transfer.RolePrefill, transfer.RoleDecode}
+	case transfer.RolePrefill:
+		follows = []transfer.Role{transfer.RoleDecode}
+	}
+	if len(follows) > 0 {
+		if err := ms.follow(t, follows, lf.name, onView, logger); err != nil {
+			ms.close()
+			return nil, err
+		}
+	}
+	s, err := c.Register(cmd.Context(), member(lf.name, role, addr, layout, usablePages, tl))
+	if err != nil {
+		ms.close()
+		return nil, err
+	}
+	ms.session = s
+	m := s.Member()
+	logger.Info("registered in etcd", "etcd", strings.Join(f.endpoints, ","), "prefix", f.prefix, "addr", addr, "lease", fmt.Sprintf("%x", m.Lease), "revision", m.Revision)
+	fmt.Fprintf(cmd.ErrOrStderr(), "%s %s registered in etcd (%s, lease %x, TTL %v)\n", role, lf.name, f.prefix, m.Lease, f.ttl)
+	return ms, nil
+}
+
+// untilLost runs work with a context that ends when parent ends (after
+// the node left the cluster, so that no new work is sent to it while it
+// stops) or when its registration is lost. It returns work's error, or
+// the loss: a node the cluster holds gone must not go on serving, so the
+// role stops, and exits with that error for its supervisor to restart it.
+func (ms *membership) untilLost(parent context.Context, work func(ctx context.Context) error) error {
+	if ms == nil {
+		return work(parent)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	go func() {
+		select {
+		case <-parent.Done():
+			_ = ms.session.Close()
+			stop()
+		case <-ms.session.Done():
+			stop()
+		case <-ctx.Done():
+		}
+	}()
+	err := work(ctx)
+	if lost := ms.session.Err(); lost != nil {
+		return fmt.Errorf("%w; stopped taking work", lost)
+	}
+	return err
+}
