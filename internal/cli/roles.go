@@ -36,6 +36,7 @@ type linkFlags struct {
 	prefill, decode []string // NAME=HOST:PORT
 	metricsListen   string
 	etcd            etcdFlags
+	log             logFlags // --log-level, --log-format (common.go)
 }
 
 func (f *linkFlags) register(c *cobra.Command, role transfer.Role) {
@@ -54,6 +55,7 @@ func (f *linkFlags) register(c *cobra.Command, role transfer.Role) {
 	}
 	c.Flags().StringVar(&f.metricsListen, "metrics-listen", defaultMetricsListen, "private address that serves /metrics; empty turns it off")
 	f.etcd.register(c, role)
+	f.log.register(c)
 }
 
 // peers parses NAME=HOST:PORT lists into the transport's address table.
@@ -143,7 +145,7 @@ func runNodeRole(cmd *cobra.Command, nf *nodeFlags, lf *linkFlags, role transfer
 	if role == transfer.RolePrefill && len(peers) == 0 && !lf.etcd.enabled() {
 		return usagef("--decode (or --etcd) is required: the decode nodes this prefill node sends pages to")
 	}
-	logger := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), nil)).With("node", lf.name, "role", role.String())
+	logger := lf.log.logger(cmd.ErrOrStderr()).With("node", lf.name, "role", role.String())
 	invariants.SetStrict(false)
 	o.Logger = logger
 	m, err := nf.load()
@@ -280,7 +282,7 @@ tokenizes, and its limits must equal theirs: the handshake refuses a mismatch).`
 			if (len(prefills) == 0 || len(decodes) == 0) && !lf.etcd.enabled() {
 				return usagef("--prefill and --decode each need at least one node (or --etcd, to find them there)")
 			}
-			logger := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), nil))
+			logger := lf.log.logger(cmd.ErrOrStderr())
 			invariants.SetStrict(false)
 			tcfg, key, err := tenantConfig(configPath)
 			if err != nil {

@@ -139,6 +139,7 @@ func serveCmd() *cobra.Command {
 	var maxBody int64
 	var reapAfter time.Duration
 	var disaggregated bool
+	var lg logFlags
 	c := &cobra.Command{
 		Use:   "serve",
 		Short: "Serve the OpenAI-compatible API (gateway, scheduler and engine in one process)",
@@ -167,7 +168,7 @@ that long.`,
 			if _, port, _ := net.SplitHostPort(listen); port != "0" && metricsListen == listen {
 				return usagef("--metrics-listen %s is the API address; metrics need their own (or --metrics-on-api)", metricsListen)
 			}
-			logger := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), nil))
+			logger := lg.logger(cmd.ErrOrStderr())
 			// In production a broken invariant aborts the request it
 			// touched and is counted; it must not crash every tenant.
 			invariants.SetStrict(false)
@@ -301,6 +302,7 @@ that long.`,
 		},
 	}
 	nf.register(c)
+	lg.register(c)
 	c.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address to serve on")
 	c.Flags().StringVar(&configPath, "config", "", "tenant configuration (YAML); reloaded on SIGHUP")
 	c.Flags().StringVar(&metricsListen, "metrics-listen", defaultMetricsListen,

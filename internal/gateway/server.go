@@ -405,6 +405,10 @@ func (c *call) fail(e *apiError) {
 	writeAPIError(c.w, e)
 }
 
+// millis is d in milliseconds, the unit of every duration in the log
+// (bare nanoseconds are unreadable in a log line).
+func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
 func (c *call) done() {
 	s := c.s
 	if c.status == 0 {
@@ -422,7 +426,7 @@ func (c *call) done() {
 		slog.String("tenant", tenant),
 		slog.String("endpoint", c.endpoint),
 		slog.Int("status", c.status),
-		slog.Duration("duration", s.now().Sub(c.start)),
+		slog.Float64("duration_ms", millis(s.now().Sub(c.start))),
 	}
 	if c.ids.client != "" {
 		attrs = append(attrs, slog.String("client_request_id", c.ids.client))
@@ -437,7 +441,7 @@ func (c *call) done() {
 			slog.Int("prompt_tokens", c.promptTokens),
 			slog.Int("completion_tokens", c.completionTokens),
 			slog.Int("cached_tokens", c.cachedTokens),
-			slog.Duration("ttft", c.ttft),
+			slog.Float64("ttft_ms", millis(c.ttft)),
 			slog.String("finish", c.finish))
 	}
 	if c.err != nil {

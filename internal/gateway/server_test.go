@@ -547,7 +547,7 @@ func TestLogsHaveNoPromptText(t *testing.T) {
 	if strings.Contains(logs, "my-secret-canary-42") || strings.Contains(logs, gatewaytest.DefaultReply) {
 		t.Errorf("logs hold prompt or output text:\n%s", logs)
 	}
-	for _, want := range []string{`"tenant":"alpha"`, `"prompt_tokens":`, `"completion_tokens":23`, `"status":200`, `"ttft":`, `"id":"`} {
+	for _, want := range []string{`"tenant":"alpha"`, `"prompt_tokens":`, `"completion_tokens":23`, `"status":200`, `"ttft_ms":`, `"duration_ms":`, `"id":"`} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("logs lack %s:\n%s", want, logs)
 		}

@@ -1,0 +1,74 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// logFlags are --log-level and --log-format, shared by every serving
+// command (serve, gateway, prefill, decode). Both are checked while the
+// command line is parsed, so a bad value is a usage error and building the
+// logger cannot fail.
+type logFlags struct {
+	level  levelValue
+	format formatValue
+}
+
+func (f *logFlags) register(c *cobra.Command) {
+	f.format = "json"
+	c.Flags().Var(&f.level, "log-level", "least severe log level written: debug, info, warn or error")
+	c.Flags().Var(&f.format, "log-format", "log line format: json or text (logfmt)")
+}
+
+// logger builds the command's structured logger writing to w.
+func (f *logFlags) logger(w io.Writer) *slog.Logger {
+	o := &slog.HandlerOptions{Level: slog.Level(f.level)}
+	if f.format == "text" {
+		return slog.New(slog.NewTextHandler(w, o))
+	}
+	return slog.New(slog.NewJSONHandler(w, o))
+}
+
+// levelValue is a slog.Level as a flag; its zero value is info.
+type levelValue slog.Level
+
+func (l *levelValue) String() string { return strings.ToLower(slog.Level(*l).String()) }
+func (l *levelValue) Type() string   { return "level" }
+func (l *levelValue) Set(s string) error {
+	switch strings.ToLower(s) {
+	case "debug":
+		*l = levelValue(slog.LevelDebug)
+	case "info":
+		*l = levelValue(slog.LevelInfo)
+	case "warn", "warning":
+		*l = levelValue(slog.LevelWarn)
+	case "error":
+		*l = levelValue(slog.LevelError)
+	default:
+		return fmt.Errorf("want debug, info, warn or error")
+	}
+	return nil
+}
+
+// formatValue is json or text.
+type formatValue string
+
+func (v *formatValue) String() string { return string(*v) }
+func (v *formatValue) Type() string   { return "format" }
+func (v *formatValue) Set(s string) error {
+	if s != "json" && s != "text" {
+		return fmt.Errorf("want json or text")
+	}
+	*v = formatValue(s)
+	return nil
+}
+
+var (
+	_ pflag.Value = (*levelValue)(nil)
+	_ pflag.Value = (*formatValue)(nil)
+)
