@@ -122,18 +122,7 @@ func (d *Decode) stop() {
 func (d *Decode) inbound(ctx context.Context, in link.Inbound) {
 	from := in.From.Name
 	if in.Down != nil {
-		// Every handoff the peer takes part in is over; the receiver's
-		// abort reaches the other parties.
-		for id, r := range d.reqs {
-			if !r.ended && (r.sender == from || r.gateway == from) {
-				_ = d.recv.Abort(id, transfer.ReasonAborted)
-			}
-		}
-		for _, r := range d.byOw {
-			if r.gateway == from {
-				r.cancel() // nobody to stream to: the client's gone with it
-			}
-		}
+		d.peerGone(from, transfer.ReasonAborted)
 		return
 	}
 	d.recv.Tick(transfer.Time(d.cfg.Clock().UnixNano()))
@@ -153,6 +142,51 @@ func (d *Decode) inbound(ctx context.Context, in link.Inbound) {
 	default:
 		d.log.Warn("unexpected message on a decode node", "from", from, "type", in.Msg.Type())
 	}
+}
+
+// PeerLeft tells the driver that node left the cluster: its etcd lease
+// expired or was revoked (package cluster), so the cluster holds it gone
+// even where its link is still up. The handoff leases of the reservations
+// it takes part in are bound to that registration: every reservation
+// whose sender (prefill node) or gateway it is and that has not committed
+// is aborted at once, with transfer.ReasonLeaseExpired; the receiver
+// tells the other parties (the gateway fails the request with an error),
+// drains the writers in flight and frees the pages, or quarantines them
+// if a writer cannot be drained. The requests a gateway that left was
+// streaming are ended too: nobody is left to read them. A node that
+// rejoins under the same name is a new registration and starts afresh.
+//
+// PeerLeft runs on the driver's loop and returns once it has, or at once
+// if the driver has stopped. It is safe to call from any goroutine (the
+// membership watch); it returns how many reservations it aborted.
+func (d *Decode) PeerLeft(node transfer.Peer) int {
+	n := 0
+	d.do(func() { n = d.peerGone(node, transfer.ReasonLeaseExpired) })
+	if n > 0 {
+		d.log.Warn("peer left the cluster; its reservations aborted", "peer", node, "reservations", n)
+	}
+	return n
+}
+
+// peerGone ends what depends on a peer whose link went down or that left
+// the cluster: every reservation it takes part in that has not ended (the
+// receiver's abort reaches the other parties), and every request it is
+// the gateway of. It returns the reservations it aborted.
+func (d *Decode) peerGone(peer transfer.Peer, reason transfer.Reason) int {
+	n := 0
+	for id, r := range d.reqs {
+		if !r.ended && (r.sender == peer || r.gateway == peer) {
+			if d.recv.Abort(id, reason) == nil {
+				n++
+			}
+		}
+	}
+	for _, r := range d.byOw {
+		if r.gateway == peer {
+			r.cancel() // nobody to stream to: the client's gone with it
+		}
+	}
+	return n
 }
 
 // generate reserves pages for a request in the scheduler and records the

@@ -24,8 +24,12 @@
 //   - Every failure ends the request with an error the client sees: a
 //     refused reservation, an aborted or reaped handoff (its reason is
 //     kept), a node that goes down (link.Inbound.Down) or leaves the
-//     cluster (Router.SetNodes, from package cluster's membership), a
-//     client that leaves. Pages of a failed handoff are scrubbed, or quarantined when a
+//     cluster (Router.SetNodes at the gateway, Decode.PeerLeft at a
+//     decode node, both from package cluster's membership), a client that
+//     leaves. A decode node's handoff leases are bound to its peers'
+//     registrations: when a prefill node or a gateway leaves the cluster,
+//     every reservation it takes part in that has not committed is
+//     aborted at once, not when its heartbeats stop. Pages of a failed handoff are scrubbed, or quarantined when a
 //     writer could not be drained.
 //   - Each driver runs its core in one goroutine; what the scheduler does
 //     runs in the scheduler's own loop. Nothing here reads or writes KV

@@ -18,6 +18,9 @@ type loop struct {
 	log       *slog.Logger
 	events    chan func()
 	wg        sync.WaitGroup // the driver's goroutines, waited for on exit
+	// done is closed when run returns: what is posted after that is
+	// dropped, never left waiting.
+	done chan struct{}
 }
 
 func newLoop(tickEvery time.Duration, clock func() time.Time, log *slog.Logger) *loop {
@@ -30,7 +33,7 @@ func newLoop(tickEvery time.Duration, clock func() time.Time, log *slog.Logger) 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &loop{tickEvery: tickEvery, clock: clock, log: log, events: make(chan func(), 64)}
+	return &loop{tickEvery: tickEvery, clock: clock, log: log, events: make(chan func(), 64), done: make(chan struct{})}
 }
 
 // handlers are a driver's reactions; after runs after each input.
@@ -46,6 +49,7 @@ type handlers struct {
 func (l *loop) run(ctx context.Context, inbox <-chan link.Inbound, h handlers) error {
 	tick := time.NewTicker(l.tickEvery)
 	defer tick.Stop()
+	defer close(l.done)
 	defer l.wg.Wait()
 	for {
 		select {
@@ -74,5 +78,23 @@ func (l *loop) post(ctx context.Context, f func()) {
 	select {
 	case l.events <- f:
 	case <-ctx.Done():
+	case <-l.done:
+	}
+}
+
+// do runs f on the loop and waits for it; it reports false if the loop
+// stopped first (f did not run, or its effects may not have been carried
+// out).
+func (l *loop) do(f func()) bool {
+	ran := make(chan struct{})
+	l.post(context.Background(), func() {
+		f()
+		close(ran)
+	})
+	select {
+	case <-ran:
+		return true
+	case <-l.done:
+		return false
 	}
 }

@@ -167,3 +167,89 @@ func TestRouterMembershipConcurrent(t *testing.T) {
 	wg.Wait()
 	checkBaseline(t, l)
 }
+
+// TestDecodePeerLeft: a decode node told that a peer left the cluster
+// (its etcd lease expired) aborts at once every reservation that peer
+// takes part in and has not committed: the victim's handoff, stalled at
+// the prefill node (its pages, manifest, commit and heartbeats withheld,
+// and the lease long, so that nothing else could end it), ends with an
+// error at the gateway naming the lease, and the pages come back. The
+// router is not told (SetNodes): the decode node's own reaction is what
+// is tested. Other tenants' requests, and other peers, are untouched.
+func TestDecodePeerLeft(t *testing.T) {
+	for _, left := range []transfer.Peer{"prefill-0", "gateway"} {
+		t.Run(string(left), func(t *testing.T) {
+			var holding sync.Map
+			cfg := LocalConfig{Prefill: 1, Decode: 1, Wrap: func(name transfer.Peer, tr link.Transport) link.Transport {
+				if name != "prefill-0" {
+					return tr
+				}
+				return &faulty{Transport: tr, name: name, victim: "victim", mutate: func(f *faulty, to transfer.Peer, m transfer.Message) []transfer.Message {
+					if _, ok := holding.Load("victim"); ok && to == "decode-0" {
+						return nil
+					}
+					return keep(m)
+				}}
+			}}
+			cfg.Decoder.Receiver.LeaseTTL = transfer.Duration(time.Hour)
+			cfg.Decoder.Receiver.MaxLease = transfer.Duration(time.Hour)
+			l := startLocal(t, cfg)
+			ps := prompts(t, l)
+			d := l.DecodeDrivers[0]
+			if n := d.PeerLeft("prefill-0"); n != 0 {
+				t.Fatalf("PeerLeft with nothing in flight aborted %d reservations", n)
+			}
+
+			holding.Store("victim", true)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			st, err := l.Submit(ctx, params("victim", ps[2], 8))
+			if err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(20 * time.Second)
+			for l.PrefillDrivers[0].Stats().Started == 0 || d.Stats().Receiver.Live != 1 {
+				if time.Now().After(deadline) {
+					t.Fatalf("the victim's prefill did not start (%d live reservations at decode-0)", d.Stats().Receiver.Live)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			if n := d.PeerLeft("prefill-1"); n != 0 {
+				t.Errorf("a peer the victim does not use left: %d reservations aborted", n)
+			}
+			if n := d.PeerLeft(left); n != 1 {
+				t.Fatalf("PeerLeft(%s) aborted %d reservations, want 1", left, n)
+			}
+			done := make(chan request.Result, 1)
+			go func() {
+				for range st.Tokens() {
+					t.Error("a token of an aborted handoff reached the client")
+				}
+				done <- st.Result()
+			}()
+			select {
+			case res := <-done:
+				if res.Reason.Success() || res.Err == nil || !strings.Contains(res.Err.Error(), transfer.ReasonLeaseExpired.String()) {
+					t.Errorf("victim's result %+v, want an error naming the expired lease", res)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the victim's request did not end after its peer left")
+			}
+			holding.Delete("victim")
+			checkBaseline(t, l)
+			// The receiver's counters are published after each input's
+			// effects, which may trail the gateway's view by a tick.
+			for st := d.Stats(); st.Failed != 1 || st.Receiver.Aborted != 1 || st.Receiver.PagesQuarantined != 0 || st.Receiver.Live != 0; st = d.Stats() {
+				if time.Now().After(deadline) {
+					t.Fatalf("decode-0: %+v; want one failed handoff, one aborted reservation, none live or quarantined", st)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			// Nothing else was harmed: the same nodes serve.
+			if o := run(t, l, params("other", ps[1], 4)); !o.res.Reason.Success() {
+				t.Fatalf("after %s left: %+v", left, o.res)
+			}
+			checkBaseline(t, l)
+		})
+	}
+}
