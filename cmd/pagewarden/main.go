@@ -13,7 +13,9 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := cli.Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	// The only place that reads the environment: PAGEWARDEN_<FLAG> sets a
+	// flag the command line does not give.
+	code := cli.MainEnv(ctx, os.Args[1:], os.Stdout, os.Stderr, os.LookupEnv)
 	stop()
 	os.Exit(code)
 }
