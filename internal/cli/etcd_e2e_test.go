@@ -34,8 +34,8 @@ func (p *proc) exited(t *testing.T, within time.Duration) int {
 // other through it and serve what serve serves. A decode node started
 // with another window is refused registration, naming both layouts and
 // the node it differs from. A decode node killed with SIGKILL leaves the
-// set when its lease expires (the gateway and the prefill node see it go)
-// and the survivor keeps serving. A decode node cut off from etcd stops
+// set when its lease expires (the gateway, the prefill node and the other
+// decode node see it go) and the survivor keeps serving. A decode node cut off from etcd stops
 // taking work and exits with the lost membership as its error.
 func TestRolesThroughEtcd(t *testing.T) {
 	if testing.Short() {
@@ -122,6 +122,9 @@ func TestRolesThroughEtcd(t *testing.T) {
 	gw.await(t, `("msg":"node left the cluster","node":"d1")`)
 	t.Logf("d1 left the gateway's rotation %v after SIGKILL (lease TTL %v)", time.Since(killed), ttl)
 	p0.await(t, `("msg":"cluster member left"[^\n]*"member":"decode/d1")`)
+	// Decode nodes follow the members too (Decode.PeerLeft): one that
+	// leaves takes its reservations on the others with it.
+	d0.await(t, `("msg":"cluster member left"[^\n]*"member":"decode/d1"[^\n]*"reservations_aborted":0)`)
 	check("after d1 left")
 
 	// d3 reaches etcd only through a proxy, which is then cut: it stops.

@@ -8,6 +8,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -104,11 +105,25 @@ type membership struct {
 	session *cluster.Session
 	cancel  context.CancelFunc
 	watched chan error
+	// left, once set (onPeerLeft), is told of every other node that
+	// leaves the cluster, on the watch's goroutine.
+	left atomic.Pointer[func(transfer.Peer) int]
 }
 
-// follow starts watching the members of the roles this node sends to:
+// onPeerLeft has f told of every other node that leaves the cluster from
+// now on: a decode node's driver (disagg.Decode.PeerLeft), which aborts
+// the reservations the node took part in. A nil membership (no --etcd)
+// tells nothing.
+func (ms *membership) onPeerLeft(f func(transfer.Peer) int) {
+	if ms != nil {
+		ms.left.Store(&f)
+	}
+}
+
+// follow starts watching the members: of the roles this node sends to,
 // each that joins is dialled at its registered address, each that leaves
-// is forgotten (its links end). onView, if set, runs after the transport
+// is forgotten (its links end); every node that leaves is reported to
+// the onPeerLeft function, if one is set. onView, if set, runs after the transport
 // took each View. follow returns once the first View was taken, so that
 // this node knows its peers before it registers and is sent work.
 func (ms *membership) follow(t *link.GRPC, roles []transfer.Role, self string, onView func(cluster.View), logger *slog.Logger) error {
@@ -121,7 +136,14 @@ func (ms *membership) follow(t *link.GRPC, roles []transfer.Role, self string, o
 		ms.watched <- ms.client.Watch(ctx, func(v cluster.View) {
 			for _, ch := range v.Changes {
 				m := ch.Member
-				if !slices.Contains(roles, m.Role) || string(m.Name) == self {
+				if string(m.Name) == self {
+					continue
+				}
+				if f := ms.left.Load(); f != nil && ch.Kind == cluster.Left {
+					n := (*f)(m.Name)
+					logger.Info("cluster member left", "member", m.String(), "revision", m.Revision, "reservations_aborted", n)
+				}
+				if !slices.Contains(roles, m.Role) {
 					continue
 				}
 				switch ch.Kind {
@@ -166,9 +188,11 @@ func (ms *membership) close() {
 	ms.client.Close()
 }
 
-// joinCluster connects to etcd and, for prefill (which sends pages to
-// decode nodes) and the gateway (which sends to both), starts following
-// the members it sends to; then registers this node. The returned
+// joinCluster connects to etcd and starts following the members: prefill
+// (which sends pages to decode nodes) and the gateway (which sends to
+// both) dial those they send to; a decode node dials nobody but learns
+// who leaves (onPeerLeft), to abort their reservations. Then it
+// registers this node. The returned
 // membership's session ends if the registration is lost.
 func (f *etcdFlags) joinCluster(cmd *cobra.Command, lf *linkFlags, role transfer.Role, t *link.GRPC, tl *link.TLS,
 	layout transfer.Layout, usablePages int, onView func(cluster.View), logger *slog.Logger,
@@ -192,11 +216,9 @@ func (f *etcdFlags) joinCluster(cmd *cobra.Command, lf *linkFlags, role transfer
 	case transfer.RolePrefill:
 		follows = []transfer.Role{transfer.RoleDecode}
 	}
-	if len(follows) > 0 {
-		if err := ms.follow(t, follows, lf.name, onView, logger); err != nil {
-			ms.close()
-			return nil, err
-		}
+	if err := ms.follow(t, follows, lf.name, onView, logger); err != nil {
+		ms.close()
+		return nil, err
 	}
 	s, err := c.Register(cmd.Context(), member(lf.name, role, addr, layout, usablePages, tl))
 	if err != nil {

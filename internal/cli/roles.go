@@ -129,7 +129,7 @@ func serveMetrics(cmd *cobra.Command, addr string, reg *prometheus.Registry) (fu
 // runNodeRole starts a node for a prefill or decode role and runs the
 // driver run builds until the command's context ends.
 func runNodeRole(cmd *cobra.Command, nf *nodeFlags, lf *linkFlags, role transfer.Role,
-	run func(ctx context.Context, n *node.Node, t link.Transport, logger *slog.Logger) error,
+	run func(ctx context.Context, n *node.Node, t link.Transport, ms *membership, logger *slog.Logger) error,
 ) error {
 	o, err := nf.options()
 	if err != nil {
@@ -193,7 +193,7 @@ func runNodeRole(cmd *cobra.Command, nf *nodeFlags, lf *linkFlags, role transfer
 	// With etcd, a lost registration stops the driver (every request it
 	// holds ends; the gateway failed them already when the lease
 	// expired) and the role exits with the loss as its error.
-	return ms.untilLost(cmd.Context(), func(ctx context.Context) error { return run(ctx, n, t, logger) })
+	return ms.untilLost(cmd.Context(), func(ctx context.Context) error { return run(ctx, n, t, ms, logger) })
 }
 
 func prefillCmd() *cobra.Command {
@@ -208,7 +208,7 @@ manifest and a commit to that decode node over gRPC with mutual TLS. Its
 certificate must name it (--name) with the role prefill.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runNodeRole(cmd, &nf, &lf, transfer.RolePrefill, func(ctx context.Context, n *node.Node, t link.Transport, logger *slog.Logger) error {
+			return runNodeRole(cmd, &nf, &lf, transfer.RolePrefill, func(ctx context.Context, n *node.Node, t link.Transport, _ *membership, logger *slog.Logger) error {
 				d, err := disagg.NewPrefill(disagg.PrefillConfig{Sched: n.Sched(), Layout: n.HandoffLayout(), Transport: t, Logger: logger})
 				if err != nil {
 					return err
@@ -234,11 +234,14 @@ is decoded only if they match the reservation exactly. Tokens stream back to
 the gateway. Its certificate must name it (--name) with the role decode.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runNodeRole(cmd, &nf, &lf, transfer.RoleDecode, func(ctx context.Context, n *node.Node, t link.Transport, logger *slog.Logger) error {
+			return runNodeRole(cmd, &nf, &lf, transfer.RoleDecode, func(ctx context.Context, n *node.Node, t link.Transport, ms *membership, logger *slog.Logger) error {
 				d, err := disagg.NewDecode(disagg.DecodeConfig{Sched: n.Sched(), Layout: n.HandoffLayout(), Transport: t, Logger: logger})
 				if err != nil {
 					return err
 				}
+				// With --etcd, a prefill node or gateway that leaves the
+				// cluster takes its reservations here with it, at once.
+				ms.onPeerLeft(d.PeerLeft)
 				return d.Run(ctx)
 			})
 		},
@@ -254,6 +257,7 @@ func gatewayCmd() *cobra.Command {
 	var listen, configPath string
 	var drain time.Duration
 	var maxBody int64
+	var apiKey string // --api-key (common.go)
 	c := &cobra.Command{
 		Use:   "gateway",
 		Short: "Run the OpenAI-compatible gateway in front of prefill and decode nodes",
@@ -284,7 +288,7 @@ tokenizes, and its limits must equal theirs: the handshake refuses a mismatch).`
 			}
 			logger := lf.log.logger(cmd.ErrOrStderr())
 			invariants.SetStrict(false)
-			tcfg, key, err := tenantConfig(configPath)
+			tcfg, key, err := tenantConfig(cmd, configPath, apiKey)
 			if err != nil {
 				return err
 			}
@@ -368,6 +372,7 @@ tokenizes, and its limits must equal theirs: the handshake refuses a mismatch).`
 	lf.register(c, transfer.RoleGateway)
 	c.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address the API is served on")
 	c.Flags().StringVar(&configPath, "config", "", "tenant configuration (YAML)")
+	registerAPIKey(c, &apiKey)
 	c.Flags().DurationVar(&drain, "drain-timeout", 30*time.Second, "how long shutdown waits for in-flight requests")
 	c.Flags().Int64Var(&maxBody, "max-body-bytes", gateway.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")
 	return c
