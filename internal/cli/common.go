@@ -8,6 +8,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
 )
 
 // logFlags are --log-level and --log-format, shared by every serving
@@ -72,3 +74,27 @@ var (
 	_ pflag.Value = (*levelValue)(nil)
 	_ pflag.Value = (*formatValue)(nil)
 )
+
+// registerAPIKey adds --api-key (serve, gateway).
+func registerAPIKey(c *cobra.Command, key *string) {
+	c.Flags().StringVar(key, "api-key", "", "serve one tenant (\"default\") with this API key instead of a generated one; not with --config (prefer PAGEWARDEN_API_KEY: a flag shows in the process list)")
+}
+
+// tenantConfig reads --config, or without one makes the default tenant:
+// with --api-key's key, or with a generated one that it returns (to print
+// once the server listens).
+func tenantConfig(cmd *cobra.Command, path, apiKey string) (cfg *tenants.Config, key string, err error) {
+	given := cmd.Flags().Changed("api-key")
+	switch {
+	case given && path != "":
+		return nil, "", usagef("--api-key and --config cannot be used together: put the key's hash in the config (pagewarden keygen)")
+	case given && apiKey == "":
+		return nil, "", usagef("--api-key is empty")
+	case given:
+		return &tenants.Config{Tenants: []tenants.Tenant{{ID: tenants.DefaultTenantID, APIKeySHA256: []string{tenants.HashKey(apiKey)}}}}, "", nil
+	case path == "":
+		return tenants.Default()
+	}
+	cfg, err = loadTenants(path)
+	return cfg, "", err
+}

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -65,5 +68,52 @@ func TestServeTextLogs(t *testing.T) {
 	_, stderr := serve(t, "--log-format", "text")
 	if !strings.Contains(stderr, "level=INFO msg=serving") || strings.Contains(stderr, `"msg":`) {
 		t.Errorf("serve --log-format text wrote:\n%s", stderr)
+	}
+}
+
+// TestAPIKey: --api-key serves one tenant with that key instead of a
+// generated one, never prints it, and refuses --config or an empty key;
+// PAGEWARDEN_API_KEY is the same flag.
+func TestAPIKey(t *testing.T) {
+	const key = "sk-operator-chosen-1234567890"
+	api, stderr := serve(t, "--api-key", key)
+	if strings.Contains(stderr, key) || strings.Contains(stderr, "shown once") {
+		t.Errorf("serve printed a key:\n%s", stderr)
+	}
+	for k, want := range map[string]int{key: http.StatusOK, "pw-something-else": http.StatusUnauthorized} {
+		req, _ := http.NewRequest("POST", api+"/v1/completions", strings.NewReader(`{"prompt":"hello","max_tokens":2}`))
+		req.Header.Set("Authorization", "Bearer "+k)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("key %q: %d, want %d", k, resp.StatusCode, want)
+		}
+	}
+	config := filepath.Join(t.TempDir(), "tenants.yaml")
+	if err := os.WriteFile(config, []byte("tenants: []\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range []string{"serve", "gateway"} {
+		for _, tc := range []struct {
+			env  env
+			args []string
+			want string
+		}{
+			{nil, []string{"--api-key", key, "--config", config}, "--api-key and --config"},
+			{nil, []string{"--api-key="}, "--api-key is empty"},
+			{env{"PAGEWARDEN_API_KEY": key}, []string{"--config", config}, "set by PAGEWARDEN_API_KEY"},
+		} {
+			r := pwEnv(t, tc.env, append([]string{cmd, "--model", "builtin:tiny", "--metrics-listen=", "--prefill", "p=127.0.0.1:1", "--decode", "d=127.0.0.1:2"}, tc.args...)...)
+			if cmd == "serve" {
+				r = pwEnv(t, tc.env, append([]string{cmd, "--model", "builtin:tiny", "--metrics-listen="}, tc.args...)...)
+			}
+			if r.code != 2 || !strings.Contains(r.stderr, tc.want) || strings.Contains(r.stderr, key) {
+				t.Errorf("%s %v: exit %d, stderr %q; want 2 with %q and no key", cmd, tc.args, r.code, r.stderr, tc.want)
+			}
+		}
 	}
 }

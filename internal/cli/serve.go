@@ -140,12 +140,14 @@ func serveCmd() *cobra.Command {
 	var reapAfter time.Duration
 	var disaggregated bool
 	var lg logFlags
+	var apiKey string
 	c := &cobra.Command{
 		Use:   "serve",
 		Short: "Serve the OpenAI-compatible API (gateway, scheduler and engine in one process)",
 		Long: `Serve the OpenAI-compatible API on --listen. Tenants come from --config (YAML,
-reloaded on SIGHUP); without it one tenant is created and its API key printed
-once on stderr, when the server is ready to listen.
+reloaded on SIGHUP); without it one tenant is served, with the key --api-key
+(or PAGEWARDEN_API_KEY) gives, or with a generated key printed once on stderr
+when the server is ready to listen.
 
 /metrics carries every tenant's id and traffic and is not authenticated, so it
 is served on its own private address (--metrics-listen, loopback by default),
@@ -175,7 +177,7 @@ that long.`,
 			// The generated key is printed only once the server is about
 			// to listen: a key announced before a failed start is a
 			// credential for nothing, printed for no reason.
-			tcfg, key, err := tenantConfig(configPath)
+			tcfg, key, err := tenantConfig(cmd, configPath, apiKey)
 			if err != nil {
 				return err
 			}
@@ -303,6 +305,7 @@ that long.`,
 	}
 	nf.register(c)
 	lg.register(c)
+	registerAPIKey(c, &apiKey)
 	c.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address to serve on")
 	c.Flags().StringVar(&configPath, "config", "", "tenant configuration (YAML); reloaded on SIGHUP")
 	c.Flags().StringVar(&metricsListen, "metrics-listen", defaultMetricsListen,
@@ -343,16 +346,6 @@ func scrubQuarantine(ctx context.Context, n quarantineScrubber, logger *slog.Log
 		return
 	}
 	logger.Info("SIGUSR1: quarantined KV pages scrubbed and freed", "pages", k)
-}
-
-// tenantConfig reads --config, or without one makes the default tenant
-// and returns its generated key (to print once the server listens).
-func tenantConfig(path string) (cfg *tenants.Config, key string, err error) {
-	if path == "" {
-		return tenants.Default()
-	}
-	cfg, err = loadTenants(path)
-	return cfg, "", err
 }
 
 func loadTenants(path string) (*tenants.Config, error) {
