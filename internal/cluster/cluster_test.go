@@ -327,6 +327,67 @@ func TestConfigMismatch(t *testing.T) {
 	}
 }
 
+// TestCapacityMismatch: a decode node whose pool cannot hold the window
+// (1024 tokens) with the safety margin of a registered node, or its own,
+// is refused, and a node whose margin a registered decode node cannot
+// hold is refused too, naming the numbers and both nodes; nodes whose
+// margins every decode node holds register. A record with no margin (an
+// older node) imposes none, but its pool is checked against the others'.
+func TestCapacityMismatch(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	c := dial(t, srv.Endpoint, 0)
+	with := func(name string, role transfer.Role, pages int, margin float64) Member {
+		m := node(name, role)
+		m.UsablePages, m.SafetyMargin = pages, margin
+		return m
+	}
+	// d0: 100 pages of 16 = 1600 tokens ≥ 1024 × 1.5.
+	register(t, c, with("d0", transfer.RoleDecode, 100, 1.5))
+	register(t, c, with("gw", transfer.RoleGateway, 0, 1.5))
+	for _, tc := range []struct {
+		m    Member
+		of   transfer.Peer
+		says []string
+	}{
+		// 80 pages = 1280 tokens < 1024 × 1.5 (gw's and d0's margin).
+		{with("d1", transfer.RoleDecode, 80, 1.2), "gw", []string{"decode node decode/d1 holds 1280 KV tokens (80 pages of 16)", "1024 × safety margin 1.5 (that of gateway/gw) = 1536 tokens", "at most 1.25"}},
+		// A record with no margin still has its pool checked.
+		{with("d5", transfer.RoleDecode, 64, 0), "gw", []string{"decode node decode/d5 holds 1024 KV tokens"}},
+		// A prefill node with margin 2: d0's 1600 tokens < 2048.
+		{with("p0", transfer.RolePrefill, 100, 2), "p0", []string{"decode node decode/d0 holds 1600 KV tokens", "safety margin 2 (that of prefill/p0) = 2048 tokens"}},
+		// A decode node that cannot hold its own margin (an older or
+		// hand-written record: the node's own start-up refuses this).
+		{with("d2", transfer.RoleDecode, 120, 2), "d2", []string{"decode node decode/d2 holds 1920 KV tokens", "(its own) = 2048"}},
+	} {
+		_, err := c.Register(t.Context(), tc.m)
+		var mm *CapacityMismatch
+		if !errors.Is(err, ErrConfigMismatch) || !errors.As(err, &mm) || mm.Of.Name != tc.of || mm.Registering.Name != tc.m.Name {
+			t.Errorf("%v: %v, want a CapacityMismatch of %s's margin", tc.m, err, tc.of)
+			continue
+		}
+		for _, s := range tc.says {
+			if !strings.Contains(err.Error(), s) {
+				t.Errorf("%v: %q does not say %q", tc.m, err, s)
+			}
+		}
+	}
+	register(t, c, with("d3", transfer.RoleDecode, 96, 1.5)) // 1536: just holds
+	register(t, c, with("p1", transfer.RolePrefill, 100, 1)) // a smaller margin is fine
+	register(t, c, with("d4", transfer.RoleDecode, 100, 0))  // margin unknown, pool large enough
+	members, _, _, err := c.Members(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(members); got != 5 {
+		t.Errorf("%d members, want 5: %v", got, members)
+	}
+	for _, m := range members {
+		if m.Name == "d0" && m.SafetyMargin != 1.5 {
+			t.Errorf("d0's record has margin %g, want 1.5", m.SafetyMargin)
+		}
+	}
+}
+
 // TestConcurrentMismatch: nodes of two configurations registering at
 // once never both get in: the write is conditional on the set the check
 // read.

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"slices"
 	"strconv"
@@ -26,6 +27,11 @@ type Member struct {
 	LayoutHash  transfer.LayoutHash
 	Limits      transfer.Limits
 	UsablePages int
+	// SafetyMargin is the node's --kv-safety-margin: a decode node must
+	// hold Limits.MaxContext times the largest margin in the cluster (see
+	// Holds). 0 is unknown (a record that does not say), and is checked
+	// against nothing.
+	SafetyMargin float64
 	// CertSHA256 is the SHA-256 of the node's certificate (DER).
 	CertSHA256 [32]byte
 	Started    time.Time
@@ -54,7 +60,27 @@ func (m Member) Validate() error {
 	if m.UsablePages < 0 {
 		return fmt.Errorf("%w: %v: %d usable pages", ErrRecord, m, m.UsablePages)
 	}
+	if m.SafetyMargin != 0 && !(m.SafetyMargin >= 1 && m.SafetyMargin <= 1000) {
+		return fmt.Errorf("%w: %v: safety margin %g (want 1 to 1000)", ErrRecord, m, m.SafetyMargin)
+	}
 	return nil
+}
+
+// UsableTokens is how many token positions m's KV pool holds.
+func (m Member) UsableTokens() int64 {
+	return int64(m.UsablePages) * int64(m.Limits.PageSize)
+}
+
+// Holds reports whether m, a decode node, can hold the cluster's window
+// (Limits.MaxContext, the same on every node) with the safety margin:
+// UsableTokens ≥ MaxContext × margin, the rule every node checks of its
+// own pool at start-up (sched.ComputeLimits), applied across nodes. A
+// node of another role holds no requests' pages: it holds any window.
+func (m Member) Holds(margin float64) bool {
+	if m.Role != transfer.RoleDecode {
+		return true
+	}
+	return float64(m.UsableTokens()) >= float64(m.Limits.MaxContext)*margin
 }
 
 // MaxRecordBytes bounds a member record: a record is a few hundred bytes,
@@ -69,6 +95,7 @@ type record struct {
 	LayoutHash  string          `json:"layout_hash"`
 	Limits      transfer.Limits `json:"limits"`
 	UsablePages int             `json:"usable_pages"`
+	Margin      float64         `json:"safety_margin,omitempty"`
 	CertSHA256  string          `json:"cert_sha256"`
 	Started     time.Time       `json:"started"`
 }
@@ -76,7 +103,7 @@ type record struct {
 func encodeMember(m Member) ([]byte, error) {
 	return json.Marshal(record{
 		Name: string(m.Name), Role: m.Role.String(), Addr: m.Addr,
-		LayoutHash: hex.EncodeToString(m.LayoutHash[:]), Limits: m.Limits, UsablePages: m.UsablePages,
+		LayoutHash: hex.EncodeToString(m.LayoutHash[:]), Limits: m.Limits, UsablePages: m.UsablePages, Margin: m.SafetyMargin,
 		CertSHA256: hex.EncodeToString(m.CertSHA256[:]), Started: m.Started.UTC(),
 	})
 }
@@ -112,7 +139,7 @@ func (c *Client) decode(key, value []byte, lease, rev int64) (Member, error) {
 		return fail("%v", err)
 	}
 	m := Member{Name: transfer.Peer(r.Name), Role: role, Addr: r.Addr, Limits: r.Limits, UsablePages: r.UsablePages,
-		Started: r.Started, Lease: lease, Revision: rev}
+		SafetyMargin: r.Margin, Started: r.Started, Lease: lease, Revision: rev}
 	if err := decodeHex(m.LayoutHash[:], r.LayoutHash); err != nil {
 		return fail("layout hash: %v", err)
 	}
@@ -189,6 +216,58 @@ func checkConfig(m Member, registered []Member) error {
 			// A field added to Limits and not listed above.
 			return &ConfigMismatch{Field: "limits", Registering: m, Other: o,
 				Local: fmt.Sprintf("%+v", m.Limits), OtherValue: fmt.Sprintf("%+v", o.Limits)}
+		}
+	}
+	return nil
+}
+
+// CapacityMismatch is the error Register returns when a decode node's KV
+// pool cannot hold the cluster's window with a registered (or the
+// registering) node's safety margin: the incident's capacity mismatch,
+// across nodes. It wraps ErrConfigMismatch.
+type CapacityMismatch struct {
+	Decode Member  // the node whose pool is too small
+	Margin float64 // the margin it cannot hold the window with
+	Of     Member  // the node whose margin that is
+	// Registering says which of the two is the registering node.
+	Registering Member
+}
+
+func (e *CapacityMismatch) Error() string {
+	d := e.Decode
+	need := int64(math.Ceil(float64(d.Limits.MaxContext) * e.Margin))
+	whose := "its own"
+	if e.Of.Name != d.Name {
+		whose = "that of " + e.Of.String()
+	}
+	return fmt.Sprintf("%v: capacity: decode node %v holds %d KV tokens (%d pages of %d), below the window %d × safety margin %g (%s) = %d tokens; "+
+		"give %v more --kv-memory, or run every node with a --kv-safety-margin of at most %.2f",
+		ErrConfigMismatch, d, d.UsableTokens(), d.UsablePages, d.Limits.PageSize, d.Limits.MaxContext, e.Margin, whose, need,
+		d, float64(d.UsableTokens())/float64(max(d.Limits.MaxContext, 1)))
+}
+
+func (e *CapacityMismatch) Unwrap() error { return ErrConfigMismatch }
+
+// checkCapacity refuses m if a decode node, m or a registered one, could
+// not hold the window with m's margin or a registered node's: with the
+// window the same on every node (checkConfig), every request the gateway
+// admits then fits every decode node it may be sent to, with the margin.
+func checkCapacity(m Member, registered []Member) error {
+	short := func(d, of Member) error {
+		if of.SafetyMargin == 0 || d.Holds(of.SafetyMargin) {
+			return nil
+		}
+		return &CapacityMismatch{Decode: d, Margin: of.SafetyMargin, Of: of, Registering: m}
+	}
+	if err := short(m, m); err != nil {
+		return err
+	}
+	for _, o := range registered {
+		if err := short(m, o); err != nil {
+			return err
+		}
+		if err := short(o, m); err != nil {
+			return err
 		}
 	}
 	return nil

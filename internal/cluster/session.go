@@ -31,7 +31,9 @@ type Session struct {
 // changed between its read and its write.
 const registerAttempts = 8
 
-// Register checks m against the registered nodes (ErrConfigMismatch) and
+// Register checks m against the registered nodes (ErrConfigMismatch: the
+// layout, the limits, and each decode node's capacity against every
+// node's safety margin) and
 // registers it under a new lease that the returned Session keeps alive.
 // It refuses a name that a live node holds in any role (ErrNameTaken).
 // An empty m.Started is set to now.
@@ -88,6 +90,9 @@ func (c *Client) Register(ctx context.Context, m Member) (*Session, error) {
 			others = append(others, o)
 		}
 		if err := checkConfig(m, others); err != nil {
+			return nil, err
+		}
+		if err := checkCapacity(m, others); err != nil {
 			return nil, err
 		}
 		// Write only if the name is free in every role and no member
