@@ -4,12 +4,16 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/pagewarden/pagewarden/internal/gateway/chattmpl"
 	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
+	"github.com/pagewarden/pagewarden/internal/node"
 )
 
 // logFlags are --log-level and --log-format, shared by every serving
@@ -97,4 +101,51 @@ func tenantConfig(cmd *cobra.Command, path, apiKey string) (cfg *tenants.Config,
 	}
 	cfg, err = loadTenants(path)
 	return cfg, "", err
+}
+
+// servedFlags are --served-model-name and --chat-template (serve,
+// gateway): what the API calls the model and how it formats chats.
+type servedFlags struct {
+	name, template string
+}
+
+func (f *servedFlags) register(c *cobra.Command) {
+	c.Flags().StringVar(&f.name, "served-model-name", "", "model id shown by /v1/models and in responses (default: the model's name)")
+	c.Flags().StringVar(&f.template, "chat-template", "", "file holding a Jinja chat template to use instead of the model's own")
+}
+
+// maxChatTemplateBytes bounds --chat-template's file (templates in the
+// wild are a few KiB).
+const maxChatTemplateBytes = 1 << 20
+
+// apply puts the flags into o, reading and checking the template file: a
+// template the operator chose that does not parse stops the start, rather
+// than falling back as an unusable built-in one does.
+func (f *servedFlags) apply(cmd *cobra.Command, o *node.Options) error {
+	if cmd.Flags().Changed("served-model-name") && strings.TrimSpace(f.name) == "" {
+		return usagef("--served-model-name is empty")
+	}
+	o.ServedModelName = f.name
+	if f.template == "" {
+		return nil
+	}
+	file, err := os.Open(f.template)
+	if err != nil {
+		return usagef("--chat-template: %v", err)
+	}
+	defer file.Close()
+	b, err := io.ReadAll(io.LimitReader(file, maxChatTemplateBytes+1))
+	switch {
+	case err != nil:
+		return usagef("--chat-template %s: %v", f.template, err)
+	case len(b) > maxChatTemplateBytes:
+		return usagef("--chat-template %s: larger than %d bytes", f.template, maxChatTemplateBytes)
+	case strings.TrimSpace(string(b)) == "" || !utf8.Valid(b):
+		return usagef("--chat-template %s: want a non-empty UTF-8 template", f.template)
+	}
+	if _, err := chattmpl.Parse(string(b)); err != nil {
+		return usagef("--chat-template %s: %v", f.template, err)
+	}
+	o.ChatTemplate = string(b)
+	return nil
 }

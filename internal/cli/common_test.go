@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"os"
@@ -113,6 +114,69 @@ func TestAPIKey(t *testing.T) {
 			}
 			if r.code != 2 || !strings.Contains(r.stderr, tc.want) || strings.Contains(r.stderr, key) {
 				t.Errorf("%s %v: exit %d, stderr %q; want 2 with %q and no key", cmd, tc.args, r.code, r.stderr, tc.want)
+			}
+		}
+	}
+}
+
+// TestServedModelNameAndChatTemplate: --served-model-name is the id the
+// API shows and --chat-template the template it applies; a template that
+// does not parse, a missing file or an empty name stop the start.
+func TestServedModelNameAndChatTemplate(t *testing.T) {
+	const key = "sk-served-name-test"
+	dir := t.TempDir()
+	tmpl := filepath.Join(dir, "chat.jinja")
+	if err := os.WriteFile(tmpl, []byte("[[{{ messages[0]['content'] }}]]"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	api, _ := serve(t, "--api-key", key, "--served-model-name", "acme/chat-1", "--chat-template", tmpl)
+	call := func(method, path, body string) string {
+		t.Helper()
+		req, _ := http.NewRequest(method, api+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s %s: %d %s", method, path, resp.StatusCode, b)
+		}
+		return string(b)
+	}
+	if b := call("GET", "/v1/models", ""); !strings.Contains(b, `"id":"acme/chat-1"`) {
+		t.Errorf("/v1/models: %s", b)
+	}
+	if b := call("POST", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":1}`); !strings.Contains(b, `"model":"acme/chat-1"`) {
+		t.Errorf("chat completion: %s", b)
+	}
+	var tok struct{ Tokens []int }
+	if err := json.Unmarshal([]byte(call("POST", "/tokenize", `{"messages":[{"role":"user","content":"hi"}]}`)), &tok); err != nil {
+		t.Fatal(err)
+	}
+	ids, _ := json.Marshal(map[string]any{"tokens": tok.Tokens})
+	if b := call("POST", "/detokenize", string(ids)); !strings.Contains(b, `"[[hi]]"`) {
+		t.Errorf("the chat was not formatted by --chat-template: %s", b)
+	}
+
+	bad := filepath.Join(dir, "bad.jinja")
+	if err := os.WriteFile(bad, []byte("{% if %}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range []string{"serve", "gateway"} {
+		for _, args := range [][]string{
+			{"--chat-template", bad},
+			{"--chat-template", filepath.Join(dir, "missing.jinja")},
+			{"--served-model-name="},
+		} {
+			r := pw(t, append([]string{cmd, "--model", "builtin:tiny", "--metrics-listen=", "--prefill", "p=127.0.0.1:1", "--decode", "d=127.0.0.1:2"}, args...)...)
+			if cmd == "serve" {
+				r = pw(t, append([]string{cmd, "--model", "builtin:tiny", "--metrics-listen="}, args...)...)
+			}
+			if r.code != 2 || !strings.Contains(r.stderr, strings.TrimSuffix(args[0], "=")) {
+				t.Errorf("%s %v: exit %d, stderr %q; want 2 naming the flag", cmd, args, r.code, r.stderr)
 			}
 		}
 	}

@@ -258,6 +258,7 @@ func gatewayCmd() *cobra.Command {
 	var drain time.Duration
 	var maxBody int64
 	var apiKey string // --api-key (common.go)
+	var sf servedFlags
 	c := &cobra.Command{
 		Use:   "gateway",
 		Short: "Run the OpenAI-compatible gateway in front of prefill and decode nodes",
@@ -269,6 +270,9 @@ tokenizes, and its limits must equal theirs: the handshake refuses a mismatch).`
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o, err := nf.options()
 			if err != nil {
+				return err
+			}
+			if err := sf.apply(cmd, &o); err != nil {
 				return err
 			}
 			if err := lf.etcd.check(&lf); err != nil {
@@ -306,7 +310,7 @@ tokenizes, and its limits must equal theirs: the handshake refuses a mismatch).`
 				return err
 			}
 			defer t.Close()
-			rt, err := disagg.NewRouter(disagg.RouterConfig{Vocabulary: node.NewVocab(m, lim), Transport: t, Prefill: prefills, Decode: decodes,
+			rt, err := disagg.NewRouter(disagg.RouterConfig{Vocabulary: node.NewVocab(m, lim).Serving(o), Transport: t, Prefill: prefills, Decode: decodes,
 				Dynamic: lf.etcd.enabled(), Logger: logger})
 			if err != nil {
 				return err
@@ -373,6 +377,7 @@ tokenizes, and its limits must equal theirs: the handshake refuses a mismatch).`
 	c.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address the API is served on")
 	c.Flags().StringVar(&configPath, "config", "", "tenant configuration (YAML)")
 	registerAPIKey(c, &apiKey)
+	sf.register(c)
 	c.Flags().DurationVar(&drain, "drain-timeout", 30*time.Second, "how long shutdown waits for in-flight requests")
 	c.Flags().Int64Var(&maxBody, "max-body-bytes", gateway.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")
 	return c

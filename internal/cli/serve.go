@@ -141,6 +141,7 @@ func serveCmd() *cobra.Command {
 	var disaggregated bool
 	var lg logFlags
 	var apiKey string
+	var sf servedFlags
 	c := &cobra.Command{
 		Use:   "serve",
 		Short: "Serve the OpenAI-compatible API (gateway, scheduler and engine in one process)",
@@ -167,6 +168,9 @@ that long.`,
 				return usagef("--quarantine-reap-after %v: want 0 (operator only) or a positive duration", reapAfter)
 			}
 			o.QuarantineReapAfter = reapAfter
+			if err := sf.apply(cmd, &o); err != nil {
+				return err
+			}
 			if _, port, _ := net.SplitHostPort(listen); port != "0" && metricsListen == listen {
 				return usagef("--metrics-listen %s is the API address; metrics need their own (or --metrics-on-api)", metricsListen)
 			}
@@ -306,6 +310,7 @@ that long.`,
 	nf.register(c)
 	lg.register(c)
 	registerAPIKey(c, &apiKey)
+	sf.register(c)
 	c.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address to serve on")
 	c.Flags().StringVar(&configPath, "config", "", "tenant configuration (YAML); reloaded on SIGHUP")
 	c.Flags().StringVar(&metricsListen, "metrics-listen", defaultMetricsListen,

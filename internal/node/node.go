@@ -60,6 +60,11 @@ type Options struct {
 	// violation once they have been quarantined this long (scrubbed
 	// first); 0 leaves them to the operator's ScrubQuarantined.
 	QuarantineReapAfter time.Duration
+	// ServedModelName is the model id the API shows ("" for the model's
+	// name) and ChatTemplate the chat template it applies ("" for the
+	// model's own): see Vocab.Serving.
+	ServedModelName string
+	ChatTemplate    string
 
 	// wrapExecutor, set only by tests (export_test.go), wraps the
 	// engine's executor, e.g. to hold the scheduler loop inside a step.
@@ -185,7 +190,7 @@ func Start(m *model.Model, o Options) (*Node, error) {
 		exec = o.wrapExecutor(exec)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	n := &Node{Vocab: NewVocab(m, capa.Limits), model: m, engine: eng, limits: capa.Limits, ctx: ctx, done: make(chan error, 1), cancel: cancel, statsTimeout: o.statsTimeout, keepModel: o.KeepModel}
+	n := &Node{Vocab: NewVocab(m, capa.Limits).Serving(o), model: m, engine: eng, limits: capa.Limits, ctx: ctx, done: make(chan error, 1), cancel: cancel, statsTimeout: o.statsTimeout, keepModel: o.KeepModel}
 	// What metrics show until the loop's first turn: an empty pool.
 	n.pub = published{st: sched.NodeStats{Pool: kvcache.Stats{TotalPages: capa.Pages, FreePages: capa.Pages}}, at: time.Now()}
 	sn, err := sched.NewNode(sched.NodeConfig{

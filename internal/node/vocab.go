@@ -16,13 +16,28 @@ import (
 type Vocab struct {
 	model  *model.Model
 	limits sched.Limits
+	// id and template replace the model's name and chat template when
+	// not empty (Options.ServedModelName, Options.ChatTemplate).
+	id, template string
 }
 
 // NewVocab serves m's vocabulary under lim.
 func NewVocab(m *model.Model, lim sched.Limits) Vocab { return Vocab{model: m, limits: lim} }
 
+// Serving returns v with the model id and chat template o gives, where it
+// gives them: what the API shows and applies instead of the model's own.
+func (v Vocab) Serving(o Options) Vocab {
+	v.id, v.template = o.ServedModelName, o.ChatTemplate
+	return v
+}
+
 // ModelID implements gateway.Backend.
-func (v Vocab) ModelID() string { return v.model.Name }
+func (v Vocab) ModelID() string {
+	if v.id != "" {
+		return v.id
+	}
+	return v.model.Name
+}
 
 // Limits implements gateway.Backend.
 func (v Vocab) Limits() gateway.Limits {
@@ -54,7 +69,12 @@ func (v Vocab) TokenPiece(id int) []byte {
 }
 
 // ChatTemplate implements gateway.Backend.
-func (v Vocab) ChatTemplate() string { return v.model.ChatTemplate }
+func (v Vocab) ChatTemplate() string {
+	if v.template != "" {
+		return v.template
+	}
+	return v.model.ChatTemplate
+}
 
 // BOS implements gateway.Backend.
 func (v Vocab) BOS() int { return v.model.Tokenizer.BOS() }
