@@ -7,7 +7,7 @@ import (
 	"regexp"
 	"testing"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/prometheus/client_golang/prometheus"
 

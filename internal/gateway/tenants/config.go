@@ -11,7 +11,7 @@ import (
 	"io"
 	"regexp"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // Errors returned by this package.
