@@ -12,10 +12,13 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// A first SIGINT or SIGTERM drains (it cancels ctx); a second exits.
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go cli.Interrupts(sigs, cancel, os.Exit, os.Stderr)
 	// The only place that reads the environment: PAGEWARDEN_<FLAG> sets a
 	// flag the command line does not give.
 	code := cli.MainEnv(ctx, os.Args[1:], os.Stdout, os.Stderr, os.LookupEnv)
-	stop()
 	os.Exit(code)
 }
