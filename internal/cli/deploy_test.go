@@ -490,8 +490,9 @@ func checkWorkload(o *k8sObject, configMaps map[string]map[string]string, refer 
 				bad("%s: --%s %s is on no mounted volume", where, fl, v)
 			}
 		}
-		// Memory: the request covers the KV cache it is given.
-		if kv := flag("kv-memory"); kv != "" {
+		// Memory: a node's request covers the KV cache it is given (the
+		// gateway only plans with --kv-memory; it allocates none).
+		if kv := flag("kv-memory"); kv != "" && c.Args[0] != "gateway" {
 			b, err := kvcache.ParseBytes(kv)
 			req, rerr := quantity(c.Resources.Requests["memory"])
 			lim, lerr := quantity(c.Resources.Limits["memory"])
@@ -520,6 +521,7 @@ func TestKubernetesManifests(t *testing.T) {
 		{"decode.yaml", "--metrics-listen=", "--metric-listen=", "does not accept"},
 		{"prefill.yaml", "--kv-memory=2GiB", "--kv-memory=2GB!", "invalid memory size"},
 		{"gateway.yaml", "- --drain-timeout=30s", "- --drain-timeout=30s\n            - extra", "stray arguments"},
+		{"gateway.yaml", "--kv-memory=8GiB", "--kv-memory 8GiB", "does not accept"},
 		{"config.yaml", "PAGEWARDEN_ETCD_PREFIX", "PAGEWARDEN_ETCD_PREFX", "sets no flag"},
 		{"config.yaml", `PAGEWARDEN_MAX_CONTEXT: "8192"`, `PAGEWARDEN_MAX_CONTEXT: "8k"`, "from the environment"},
 		{"gateway.yaml", "name: pagewarden-cluster", "name: pagewarden-clustr", `ConfigMap "pagewarden-clustr"`},
