@@ -108,10 +108,16 @@ type k8sObject struct {
 	Data      map[string]string `yaml:"data"`
 	Resources []string          `yaml:"resources"` // a Kustomization's
 	Spec      struct {
-		Selector    yaml.Node `yaml:"selector"` // a Service's labels, or {matchLabels}
-		ServiceName string    `yaml:"serviceName"`
-		Ports       []k8sPort `yaml:"ports"`
-		Template    struct {
+		Selector             yaml.Node `yaml:"selector"` // a Service's labels, or {matchLabels}
+		ServiceName          string    `yaml:"serviceName"`
+		Replicas             int       `yaml:"replicas"`
+		Ports                []k8sPort `yaml:"ports"`
+		VolumeClaimTemplates []struct {
+			Metadata struct {
+				Name string `yaml:"name"`
+			} `yaml:"metadata"`
+		} `yaml:"volumeClaimTemplates"`
+		Template struct {
 			Metadata struct {
 				Labels      map[string]string `yaml:"labels"`
 				Annotations map[string]string `yaml:"annotations"`
@@ -262,6 +268,7 @@ func checkManifests(files map[string][]byte) []string {
 			configMaps[o.Metadata.Name] = o.Data
 		}
 	}
+	checkEtcdEndpoints(objs, bad)
 	var workloads []*k8sObject
 	for _, o := range objs {
 		switch o.Kind {
@@ -326,6 +333,9 @@ func checkWorkload(o *k8sObject, configMaps map[string]map[string]string, refer 
 		bad("%v: selector %v does not match its pod labels %v (%v)", o, sel, tpl.Metadata.Labels, err)
 	}
 	volumes := map[string]bool{}
+	for _, v := range o.Spec.VolumeClaimTemplates {
+		volumes[v.Metadata.Name] = true
+	}
 	for _, v := range tpl.Spec.Volumes {
 		volumes[v.Name] = true
 		switch {
@@ -342,6 +352,10 @@ func checkWorkload(o *k8sObject, configMaps map[string]map[string]string, refer 
 	}
 	for _, c := range tpl.Spec.Containers {
 		where := fmt.Sprintf("%v container %s", o, c.Name)
+		if !strings.Contains(c.Image, "pagewarden/pagewarden") {
+			checkOtherContainer(where, c, volumes, bad)
+			continue
+		}
 		if len(c.Command) > 0 || len(c.Args) == 0 {
 			bad("%s: want the image's entrypoint with args ROLE --flag=value...", where)
 			continue
@@ -534,6 +548,10 @@ func TestKubernetesManifests(t *testing.T) {
 		{"decode.yaml", "mountPath: /etc/pagewarden/tls", "mountPath: /etc/pagewarden/certs", "on no mounted volume"},
 		{"kustomization.yaml", "  - decode.yaml\n", "", "want every manifest"},
 		{"decode.yaml", "prometheus.io/port: \"9464\"", "prometheus.io/port: \"9465\"", "metrics port"},
+		{"config.yaml", "etcd-2.etcd:2379", "etcd-3.etcd:2379", "names no pod"},
+		{"config.yaml", "etcd-0.etcd:2379", "etcd-0.etcd:2380x", "not a port of Service"},
+		{"etcd.yaml", "--name=$(POD_NAME)", "--name=$(POD)", "$(POD)"},
+		{"etcd.yaml", "- name: data\n              mountPath", "- name: date\n              mountPath", `volume "date"`},
 	} {
 		t.Run(tc.file+" "+strings.Fields(tc.new + " (deleted)")[0], func(t *testing.T) {
 			broken := maps.Clone(files)
@@ -546,5 +564,81 @@ func TestKubernetesManifests(t *testing.T) {
 				t.Errorf("no problem saying %q; got %q", tc.says, problems)
 			}
 		})
+	}
+}
+
+// checkOtherContainer checks what can be checked of a container that is
+// not pagewarden's (etcd): its variables, probe ports and mounts.
+func checkOtherContainer(where string, c k8sContainer, volumes map[string]bool, bad func(string, ...any)) {
+	defined := map[string]bool{}
+	for _, e := range c.Env {
+		defined[e.Name] = true
+	}
+	for _, a := range slices.Concat(c.Command, c.Args) {
+		for _, m := range varRef.FindAllStringSubmatch(a, -1) {
+			if !defined[m[1]] {
+				bad("%s: %s uses $(%s), which the container does not define", where, a, m[1])
+			}
+		}
+	}
+	for kind, p := range map[string]*k8sProbe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
+		switch {
+		case p == nil:
+			bad("%s: no %s probe", where, kind)
+		case p.HTTPGet != nil && portOf(p.HTTPGet.Port, c.Ports) == 0, p.TCPSocket != nil && portOf(p.TCPSocket.Port, c.Ports) == 0:
+			bad("%s: %s probe on a port the container does not have", where, kind)
+		}
+	}
+	for _, m := range c.VolumeMounts {
+		if !volumes[m.Name] {
+			bad("%s: mounts volume %q, which the pod does not have", where, m.Name)
+		}
+	}
+}
+
+// checkEtcdEndpoints checks the PAGEWARDEN_ETCD endpoints of the
+// ConfigMaps that name a Service of the manifests (POD.SERVICE:PORT): the
+// Service is a StatefulSet's, POD is one of its pods and PORT a port of
+// the Service. Endpoints outside the manifests (an existing etcd) are the
+// operator's.
+func checkEtcdEndpoints(objs []*k8sObject, bad func(string, ...any)) {
+	services := map[string]*k8sObject{}
+	sets := map[string]*k8sObject{} // by serviceName
+	for _, o := range objs {
+		switch o.Kind {
+		case "Service":
+			services[o.Metadata.Name] = o
+		case "StatefulSet":
+			sets[o.Spec.ServiceName] = o
+		}
+	}
+	for _, o := range objs {
+		v, ok := o.Data["PAGEWARDEN_ETCD"]
+		if o.Kind != "ConfigMap" || !ok {
+			continue
+		}
+		for _, ep := range strings.Split(v, ",") {
+			host, port, err := net.SplitHostPort(strings.TrimSpace(ep))
+			if err != nil {
+				bad("%v: PAGEWARDEN_ETCD endpoint %q: %v", o, ep, err)
+				continue
+			}
+			pod, svc, ok := strings.Cut(host, ".")
+			if !ok || services[svc] == nil {
+				continue
+			}
+			set := sets[svc]
+			if set == nil {
+				bad("%v: etcd endpoint %s: Service %s is no StatefulSet's", o, ep, svc)
+				continue
+			}
+			i, err := strconv.Atoi(strings.TrimPrefix(pod, set.Metadata.Name+"-"))
+			if err != nil || !strings.HasPrefix(pod, set.Metadata.Name+"-") || i < 0 || i >= set.Spec.Replicas {
+				bad("%v: etcd endpoint %s names no pod of %v (%d replicas)", o, ep, set, set.Spec.Replicas)
+			}
+			if !slices.ContainsFunc(services[svc].Spec.Ports, func(p k8sPort) bool { return strconv.Itoa(p.Port) == port }) {
+				bad("%v: etcd endpoint %s: port %s is not a port of Service %s", o, ep, port, svc)
+			}
+		}
 	}
 }
