@@ -33,10 +33,12 @@ func (p *proc) exited(t *testing.T, within time.Duration) int {
 // nothing of each other but an etcd (embedded in the test) find each
 // other through it and serve what serve serves. A decode node started
 // with another window is refused registration, naming both layouts and
-// the node it differs from. A decode node killed with SIGKILL leaves the
-// set when its lease expires (the gateway, the prefill node and the other
-// decode node see it go) and the survivor keeps serving. A decode node cut off from etcd stops
-// taking work and exits with the lost membership as its error.
+// the node it differs from; one with a safety margin the registered
+// decode nodes cannot hold the window with is refused too. A decode node
+// killed with SIGKILL leaves the set when its lease expires (the gateway,
+// the prefill node and the other decode node see it go) and the survivor
+// keeps serving. A decode node cut off from etcd stops taking work and
+// exits with the lost membership as its error.
 func TestRolesThroughEtcd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts six processes")
@@ -112,6 +114,17 @@ func TestRolesThroughEtcd(t *testing.T) {
 	out := d2.out.String()
 	if !regexp.MustCompile(`configuration differs from the cluster's: layout hash: this node \(decode/d2\) has [0-9a-f]{64}, registered node \S+/\S+ \(at .*\) has [0-9a-f]{64}`).MatchString(out) {
 		t.Errorf("d2's refusal does not name both layouts and the other node:\n%s", out)
+	}
+
+	// The same window, but a safety margin the registered decode nodes'
+	// pools (8192 tokens) cannot hold the window (2048) with: refused,
+	// naming the node that is too small and the numbers.
+	d2 = startProc(t, "d2-margin", append(roleArgs("decode", "d2", srv.Endpoint), "--kv-memory", "32MiB", "--kv-safety-margin", "6")...)
+	if code := d2.exited(t, 30*time.Second); code == 0 {
+		t.Fatalf("d2 with margin 6 exited 0:\n%s", d2.out.String())
+	}
+	if out := d2.out.String(); !regexp.MustCompile(`configuration differs from the cluster's: capacity: decode node decode/d[01] holds 8192 KV tokens \(512 pages of 16\), below the window 2048 × safety margin 6 \(that of decode/d2\) = 12288 tokens`).MatchString(out) {
+		t.Errorf("d2's refusal does not name the small node and the numbers:\n%s", out)
 	}
 
 	// SIGKILL d1: no goodbye; its lease expires.

@@ -87,10 +87,10 @@ func (f *etcdFlags) advertised(t *link.GRPC) (string, error) {
 }
 
 // member is the registration of this node.
-func member(name string, role transfer.Role, addr string, layout transfer.Layout, usablePages int, tl *link.TLS) cluster.Member {
+func member(name string, role transfer.Role, addr string, layout transfer.Layout, usablePages int, margin float64, tl *link.TLS) cluster.Member {
 	h := transfer.NewHello(transfer.Peer(name), role, layout)
 	m := cluster.Member{Name: transfer.Peer(name), Role: role, Addr: addr, LayoutHash: h.Hash, Limits: h.Limits,
-		UsablePages: usablePages, Started: time.Now()}
+		UsablePages: usablePages, SafetyMargin: margin, Started: time.Now()}
 	if certs := tl.Client.Certificates; len(certs) > 0 && len(certs[0].Certificate) > 0 {
 		m.CertSHA256 = sha256.Sum256(certs[0].Certificate[0])
 	}
@@ -188,6 +188,28 @@ func (ms *membership) close() {
 	ms.client.Close()
 }
 
+// holding returns the decode nodes of v whose KV pools hold the window
+// with margin (cluster.Member.Holds), in v's order, and logs a warning
+// for each that does not: the gateway sends no request to such a node.
+// Register refuses those already (its capacity check); this is the
+// gateway's own check of what it routes to, for a record registered
+// without a margin or by an older node.
+func holding(v cluster.View, margin float64, logger *slog.Logger) []transfer.Peer {
+	var out []transfer.Peer
+	for _, m := range v.Members {
+		if m.Role != transfer.RoleDecode {
+			continue
+		}
+		if !m.Holds(margin) {
+			logger.Warn("decode node too small for the window with the safety margin; left out of rotation", "member", m.String(),
+				"usable_kv_tokens", m.UsableTokens(), "max_context", m.Limits.MaxContext, "safety_margin", margin)
+			continue
+		}
+		out = append(out, m.Name)
+	}
+	return out
+}
+
 // joinCluster connects to etcd and starts following the members: prefill
 // (which sends pages to decode nodes) and the gateway (which sends to
 // both) dial those they send to; a decode node dials nobody but learns
@@ -195,7 +217,7 @@ func (ms *membership) close() {
 // registers this node. The returned
 // membership's session ends if the registration is lost.
 func (f *etcdFlags) joinCluster(cmd *cobra.Command, lf *linkFlags, role transfer.Role, t *link.GRPC, tl *link.TLS,
-	layout transfer.Layout, usablePages int, onView func(cluster.View), logger *slog.Logger,
+	layout transfer.Layout, usablePages int, margin float64, onView func(cluster.View), logger *slog.Logger,
 ) (*membership, error) {
 	addr := ""
 	if role != transfer.RoleGateway {
@@ -220,7 +242,7 @@ func (f *etcdFlags) joinCluster(cmd *cobra.Command, lf *linkFlags, role transfer
 		ms.close()
 		return nil, err
 	}
-	s, err := c.Register(cmd.Context(), member(lf.name, role, addr, layout, usablePages, tl))
+	s, err := c.Register(cmd.Context(), member(lf.name, role, addr, layout, usablePages, margin, tl))
 	if err != nil {
 		ms.close()
 		return nil, err

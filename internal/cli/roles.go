@@ -183,7 +183,7 @@ func runNodeRole(cmd *cobra.Command, nf *nodeFlags, lf *linkFlags, role transfer
 	lim := n.SchedLimits()
 	var ms *membership
 	if lf.etcd.enabled() {
-		if ms, err = lf.etcd.joinCluster(cmd, lf, role, t, tl, n.HandoffLayout(), lim.UsablePages, nil, logger); err != nil {
+		if ms, err = lf.etcd.joinCluster(cmd, lf, role, t, tl, n.HandoffLayout(), lim.UsablePages, lim.SafetyMargin, nil, logger); err != nil {
 			return err
 		}
 		defer ms.close()
@@ -320,8 +320,8 @@ tokenizes, and its limits must equal theirs: the handshake refuses a mismatch).`
 			if lf.etcd.enabled() {
 				// The router sends only to registered nodes: one that
 				// leaves (its lease expired) is out of rotation at once.
-				ms, err := lf.etcd.joinCluster(cmd, &lf, transfer.RoleGateway, t, tl, layout, 0, func(v cluster.View) {
-					rt.SetNodes(v.Peers(transfer.RolePrefill), v.Peers(transfer.RoleDecode))
+				ms, err := lf.etcd.joinCluster(cmd, &lf, transfer.RoleGateway, t, tl, layout, 0, lim.SafetyMargin, func(v cluster.View) {
+					rt.SetNodes(v.Peers(transfer.RolePrefill), holding(v, lim.SafetyMargin, logger))
 				}, logger.With("node", lf.name))
 				if err != nil {
 					return err

@@ -7,13 +7,16 @@
 // Under a prefix (default "/pagewarden"), one key per live node:
 //
 //	PREFIX/nodes/ROLE/NAME → {"name", "role", "addr", "layout_hash", "limits",
-//	                          "usable_pages", "cert_sha256", "started"}   (JSON)
+//	                          "usable_pages", "safety_margin", "cert_sha256",
+//	                          "started"}   (JSON)
 //
 // ROLE is gateway, prefill or decode; NAME is the node's name (the one its
 // certificate names, package link). addr is the link address other nodes
 // dial (empty for a gateway, which listens for no links); layout_hash is
 // the full hex transfer.LayoutHash; limits is the transfer.Limits the
-// link handshake compares; cert_sha256 is the SHA-256 of the node's
+// link handshake compares; usable_pages and safety_margin are the node's
+// KV pool and --kv-safety-margin (a margin absent from an older record
+// is unknown, and imposes nothing); cert_sha256 is the SHA-256 of the node's
 // certificate (DER), so that an operator can tell which certificate a
 // registration belongs to. Every key is attached to the etcd lease of the
 // node's Session: etcd deletes it when the lease ends.
@@ -42,6 +45,15 @@
 //     nodes that disagree cannot both register by racing. This is the
 //     capacity mismatch of the incident, caught for the whole cluster
 //     before a link is opened, rather than link by link.
+//   - Every registered decode node holds the window with every node's
+//     safety margin: Register refuses (CapacityMismatch, wrapping
+//     ErrConfigMismatch) a decode node whose usable_pages × page size is
+//     below limits.max_context × a registered node's margin or its own,
+//     and a node whose margin some registered decode node cannot hold.
+//     The window is the same on every node, so the gateway's advertised
+//     window (its max_model_len) is what every decode node can hold with
+//     the margin; the gateway also routes only to nodes that hold it
+//     (Member.Holds), for records written without a margin.
 //   - Watch delivers the whole member set first, then every change, in
 //     etcd revision order; after a compaction or a lost watch it lists
 //     the set again and reports what changed meanwhile. A record it cannot
@@ -49,6 +61,8 @@
 //     out and logged, never guessed at.
 //
 // Member.Revision, the etcd revision that created a node's key, is unique
-// to one registration of one process: a fencing token that later work
-// (handoff leases bound to the peer's registration) can compare.
+// to one registration of one process: a fencing token. Decode nodes bind
+// their handoff leases to their peers' registrations by following the
+// member set: when a prefill node or gateway leaves, its reservations are
+// aborted at once (disagg.Decode.PeerLeft).
 package cluster
