@@ -279,3 +279,21 @@ func TestSharedRegistry(t *testing.T) {
 		t.Fatalf("shared registry has %+v", tn.Limits)
 	}
 }
+
+// TestRefusalsLoggedWithTheirCode: a 4xx line says why, with the code the
+// client was sent.
+func TestRefusalsLoggedWithTheirCode(t *testing.T) {
+	h := newHarness(t, nil)
+	if r := h.post("/v1/completions", keyAlpha, map[string]any{"prompt": idsPrompt(h.fake.Window)}); r.status != 400 {
+		t.Fatalf("%d", r.status)
+	}
+	if r := h.post("/v1/completions", "sk-wrong", map[string]any{"prompt": "x"}); r.status != 401 {
+		t.Fatalf("%d", r.status)
+	}
+	logs := h.logs.String()
+	for _, want := range []string{`"status":400`, `"code":"context_length_exceeded"`, `"status":401`, `"code":"invalid_api_key"`} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("log lacks %s:\n%s", want, logs)
+		}
+	}
+}

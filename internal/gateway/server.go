@@ -444,6 +444,10 @@ func (c *call) done() {
 			slog.Float64("ttft_ms", millis(c.ttft)),
 			slog.String("finish", c.finish))
 	}
+	if c.code != "" {
+		// Why the client was refused, as it was told (the OpenAI code).
+		attrs = append(attrs, slog.String("code", c.code))
+	}
 	if c.err != nil {
 		attrs = append(attrs, slog.String("err", c.err.Error()))
 	}
