@@ -462,3 +462,67 @@ func TestClientAbortAtEveryPhase(t *testing.T) {
 		})
 	}
 }
+
+// TestGatewayAbortIsRetried: the gateway's abort reaches the decode node
+// even when the link loses it the first time: it is sent again until the
+// node acknowledges, so the reservation is given back at once, not when its
+// lease runs out. (The prefill node's own aborts to decode are lost here
+// too, so that only the gateway's retry can free the pages in time.)
+func TestGatewayAbortIsRetried(t *testing.T) {
+	single := startSingle(t)
+	ps := prompts(t, single)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var dropped int
+	var mu sync.Mutex
+	cfg := LocalConfig{
+		Router: RouterConfig{AbortRetry: 20 * time.Millisecond},
+		// An hour-long lease: only an abort can free the pages in time.
+		Decoder: DecodeConfig{Receiver: transfer.ReceiverConfig{LeaseTTL: transfer.Duration(time.Hour), MaxLease: transfer.Duration(2 * time.Hour)}},
+		Wrap: func(name transfer.Peer, tr link.Transport) link.Transport {
+			f := &faulty{Transport: tr, name: name, victim: "victim"}
+			switch name {
+			case "gateway":
+				f.mutate = func(f *faulty, to transfer.Peer, m transfer.Message) []transfer.Message {
+					mu.Lock()
+					defer mu.Unlock()
+					switch m.(type) {
+					case *transfer.Prefill:
+						cancel() // the client leaves once the prompt is on its way
+						return nil
+					case *transfer.Abort:
+						if to == "decode-0" && dropped == 0 {
+							dropped++
+							return nil // the gateway's first abort to decode is lost
+						}
+					}
+					return keep(m)
+				}
+			case "prefill-0":
+				f.mutate = func(f *faulty, to transfer.Peer, m transfer.Message) []transfer.Message {
+					if _, ok := m.(*transfer.Abort); ok && to == "decode-0" {
+						return nil
+					}
+					return keep(m)
+				}
+			}
+			return f
+		},
+	}
+	l := startLocal(t, cfg)
+	st, err := l.Submit(ctx, params("victim", ps[6], 8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range st.Tokens() {
+	}
+	if res := st.Result(); res.Reason.Success() {
+		t.Fatalf("an aborted request succeeded: %+v", res)
+	}
+	checkBaseline(t, l)
+	mu.Lock()
+	defer mu.Unlock()
+	if dropped != 1 {
+		t.Fatalf("%d aborts dropped", dropped)
+	}
+}

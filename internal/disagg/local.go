@@ -23,6 +23,7 @@ type LocalConfig struct {
 	Logger          *slog.Logger
 	Decoder         DecodeConfig  // leases and timeouts (Sched, Layout, Transport are set)
 	Prefiller       PrefillConfig // heartbeats and timeouts (likewise)
+	Router          RouterConfig  // abort timing (Vocabulary, Transport and the node lists are set)
 
 	// Transport makes a node's transport (nil: an in-process
 	// link.Network). The demo passes gRPC over mutual TLS on loopback.
@@ -134,7 +135,9 @@ func StartLocal(m *model.Model, cfg LocalConfig) (l *Local, err error) {
 	if err != nil {
 		return nil, err
 	}
-	rt, err := NewRouter(RouterConfig{Vocabulary: l.Decodes[0], Transport: t, Prefill: prefills, Decode: decodes, Logger: cfg.Logger.With("node", "gateway")})
+	rc := cfg.Router
+	rc.Vocabulary, rc.Transport, rc.Prefill, rc.Decode, rc.Logger = l.Decodes[0], t, prefills, decodes, cfg.Logger.With("node", "gateway")
+	rt, err := NewRouter(rc)
 	if err != nil {
 		return nil, err
 	}

@@ -46,6 +46,11 @@ type RouterConfig struct {
 	// AbortWait bounds how long an aborted request waits for its decode
 	// node's result before it is ended here (default 5s).
 	AbortWait time.Duration
+	// AbortRetry is how often an abort a node has not acknowledged is
+	// sent again (default 1s), for at most AbortTTL (default 60s): an
+	// abort must reach every node that holds state for the request (I7),
+	// not only the ones whose link happened to take it.
+	AbortRetry, AbortTTL time.Duration
 	// DownFor is how long a node whose link went down (or could not be
 	// opened) is left out of rotation before it is tried again (default
 	// 5s).
@@ -83,8 +88,11 @@ type Router struct {
 	// prompt prefix (its first page), so that the node's tenant-scoped
 	// prefix cache can serve the next prompt that starts the same way.
 	affinity map[[32]byte]transfer.Peer
-	fails    map[string]uint64
-	stopped  bool
+	// unacked holds, per aborted attempt, the nodes that have not yet
+	// acknowledged the gateway's abort.
+	unacked map[abortKey]map[transfer.Peer]bool
+	fails   map[string]uint64
+	stopped bool
 
 	submitted, committed, succeeded, failed, refused atomic.Uint64
 	done                                             chan struct{}
@@ -103,6 +111,12 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	if cfg.AbortWait <= 0 {
 		cfg.AbortWait = 5 * time.Second
 	}
+	if cfg.AbortRetry <= 0 {
+		cfg.AbortRetry = time.Second
+	}
+	if cfg.AbortTTL <= 0 {
+		cfg.AbortTTL = 60 * time.Second
+	}
 	if cfg.DownFor <= 0 {
 		cfg.DownFor = 5 * time.Second
 	}
@@ -113,7 +127,7 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 		Vocabulary: cfg.Vocabulary, cfg: cfg, log: cfg.Logger,
 		prefill: slices.Clone(cfg.Prefill), decode: slices.Clone(cfg.Decode),
 		calls: make(map[request.Owner]*call), load: make(map[transfer.Peer]int), pages: make(map[transfer.Peer]int),
-		down: make(map[transfer.Peer]time.Time), affinity: make(map[[32]byte]transfer.Peer), fails: make(map[string]uint64),
+		down: make(map[transfer.Peer]time.Time), unacked: make(map[abortKey]map[transfer.Peer]bool), affinity: make(map[[32]byte]transfer.Peer), fails: make(map[string]uint64),
 		done: make(chan struct{}),
 	}, nil
 }
@@ -158,6 +172,7 @@ type call struct {
 	res       request.Result
 	doneCh    chan struct{}
 	abortOnce sync.Once
+	aborting  bool // an abort was sent: a grant that arrives now is given back
 }
 
 func (c *call) Tokens() <-chan request.Token { return c.tokens }
@@ -403,15 +418,15 @@ func (rt *Router) abort(c *call, cause error) {
 			rt.mu.Unlock()
 			return
 		}
+		c.aborting = true
 		ref, granted, decode, prefill := c.ref, c.granted, c.decode, c.prefill
 		rt.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.AbortWait)
-		defer cancel()
 		ab := &transfer.Abort{Ref: ref, Reason: transfer.ReasonAborted}
-		_ = rt.cfg.Transport.Send(ctx, decode, ab)
+		parties := []transfer.Peer{decode}
 		if granted {
-			_ = rt.cfg.Transport.Send(ctx, prefill, ab)
+			parties = append(parties, prefill)
 		}
+		rt.sendAbort(ab, parties)
 		go func() {
 			t := time.NewTimer(rt.cfg.AbortWait)
 			defer t.Stop()
@@ -422,6 +437,76 @@ func (rt *Router) abort(c *call, cause error) {
 			}
 		}()
 	})
+}
+
+// abortKey names one attempt of a request.
+type abortKey struct {
+	owner request.Owner
+	epoch uint64
+}
+
+// sendAbort sends ab to every party, and again every AbortRetry to those
+// that have not acknowledged it (AbortAck), for at most AbortTTL.
+func (rt *Router) sendAbort(ab *transfer.Abort, parties []transfer.Peer) {
+	key := abortKey{ab.Owner, ab.Epoch}
+	waiting := make(map[transfer.Peer]bool, len(parties))
+	for _, p := range parties {
+		waiting[p] = true
+	}
+	rt.mu.Lock()
+	rt.unacked[key] = waiting
+	rt.mu.Unlock()
+	send := func() bool {
+		rt.mu.Lock()
+		var to []transfer.Peer
+		for p := range rt.unacked[key] {
+			to = append(to, p)
+		}
+		rt.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.AbortRetry)
+		defer cancel()
+		for _, p := range to {
+			_ = rt.cfg.Transport.Send(ctx, p, ab)
+		}
+		return len(to) > 0
+	}
+	send()
+	go func() {
+		defer func() {
+			rt.mu.Lock()
+			delete(rt.unacked, key)
+			rt.mu.Unlock()
+		}()
+		tick := time.NewTicker(rt.cfg.AbortRetry)
+		defer tick.Stop()
+		give := time.NewTimer(rt.cfg.AbortTTL)
+		defer give.Stop()
+		for {
+			select {
+			case <-tick.C:
+				if !send() {
+					return
+				}
+			case <-give.C:
+				return
+			case <-rt.done:
+				return
+			}
+		}
+	}()
+}
+
+// acked records a node's AbortAck.
+func (rt *Router) acked(from transfer.Peer, ref transfer.Ref) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	key := abortKey{ref.Owner, ref.Epoch}
+	if w := rt.unacked[key]; w != nil {
+		delete(w, from)
+		if len(w) == 0 {
+			delete(rt.unacked, key)
+		}
+	}
 }
 
 // end records c's single result and closes its stream.
@@ -536,7 +621,14 @@ func (rt *Router) inbound(ctx context.Context, in link.Inbound) {
 		}
 		rt.mu.Lock()
 		c.ref, c.granted = m.Ref, true
+		aborting := c.aborting
 		rt.mu.Unlock()
+		if aborting {
+			// The client left before the grant: nothing is computed for
+			// it, and the reservation is given back now, not by lease.
+			rt.sendAbort(&transfer.Abort{Ref: m.Ref, Reason: transfer.ReasonAborted}, []transfer.Peer{c.decode})
+			return
+		}
 		job := transfer.JobOf(c.params)
 		if err := rt.cfg.Transport.Send(ctx, c.prefill, &transfer.Prefill{Grant: *m, Decode: c.decode, Job: job}); err != nil {
 			rt.markDown(c.prefill)
@@ -619,6 +711,7 @@ func (rt *Router) inbound(ctx context.Context, in link.Inbound) {
 		rt.countFailure(m.Reason)
 		rt.fail(c, fmt.Errorf("%w: handoff aborted by %s: %v", request.ErrInternal, from, m.Reason), m.Reason)
 	case *transfer.AbortAck:
+		rt.acked(from, m.Ref)
 	default:
 		rt.log.Warn("unexpected message at the gateway", "from", from, "type", in.Msg.Type())
 	}
