@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"github.com/pagewarden/pagewarden/internal/gateway"
 	"io"
 	"log/slog"
 	"os"
@@ -148,4 +149,22 @@ func (f *servedFlags) apply(cmd *cobra.Command, o *node.Options) error {
 	}
 	o.ChatTemplate = string(b)
 	return nil
+}
+
+// reloadTenants is SIGHUP: read --config again and swap it in, or keep
+// the one in force and log why.
+func reloadTenants(srv *gateway.Server, path string, logger *slog.Logger) {
+	if path == "" {
+		logger.Warn("SIGHUP ignored: no --config to reload")
+		return
+	}
+	nc, err := loadTenants(path)
+	if err == nil {
+		err = srv.Reload(nc)
+	}
+	if err != nil {
+		logger.Error("tenant config reload failed; keeping the old one", "err", err)
+		return
+	}
+	logger.Info("tenant config reloaded", "tenants", len(nc.Tenants))
 }

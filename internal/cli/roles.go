@@ -7,7 +7,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -348,6 +351,11 @@ tokenizes, and its limits must equal theirs: the handshake refuses a mismatch).`
 			if err != nil {
 				return err
 			}
+			// Caught before the address is announced, so that whoever
+			// waits for it may signal at once.
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
 			if key != "" {
 				fmt.Fprintf(cmd.ErrOrStderr(), "no --config: one tenant %q; its API key (shown once): %s\n", tenants.DefaultTenantID, key)
 			}
@@ -355,14 +363,21 @@ tokenizes, and its limits must equal theirs: the handshake refuses a mismatch).`
 			fmt.Fprintf(cmd.ErrOrStderr(), "listening on http://%s\n", ln.Addr())
 			srv.Start(ln)
 			var lostErr error
-			select {
-			case <-cmd.Context().Done():
-			case err := <-routed:
-				return fmt.Errorf("gateway: router stopped: %v", err)
-			case <-lost:
-				// Out of the cluster: stop taking requests, let those in
-				// flight finish (drain-timeout), and exit with the loss.
-				lostErr = fmt.Errorf("%w; stopped taking requests", session.Err())
+		wait:
+			for {
+				select {
+				case <-hup:
+					reloadTenants(srv, configPath, logger)
+					continue
+				case <-cmd.Context().Done():
+				case err := <-routed:
+					return fmt.Errorf("gateway: router stopped: %v", err)
+				case <-lost:
+					// Out of the cluster: stop taking requests, let those in
+					// flight finish (drain-timeout), and exit with the loss.
+					lostErr = fmt.Errorf("%w; stopped taking requests", session.Err())
+				}
+				break wait
 			}
 			sctx, scancel := context.WithTimeout(context.Background(), drain)
 			defer scancel()

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -18,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
 	"github.com/pagewarden/pagewarden/internal/link"
 	"github.com/pagewarden/pagewarden/internal/transfer"
 )
@@ -320,5 +322,59 @@ func TestServeDisaggregated(t *testing.T) {
 		if !strings.Contains(text, want) {
 			t.Errorf("metrics lack %q", want)
 		}
+	}
+}
+
+// TestGatewayReloadsOnSIGHUP: the gateway role reloads --config on SIGHUP
+// like serve: a key added to the file is accepted afterwards (its request
+// gets past authentication), and a broken file keeps the old config.
+func TestGatewayReloadsOnSIGHUP(t *testing.T) {
+	dir := t.TempDir()
+	writeCerts(t, dir, link.Identity{Name: "gw", Role: transfer.RoleGateway})
+	cfgPath := filepath.Join(dir, "tenants.yaml")
+	writeCfg := func(keys ...string) {
+		var b strings.Builder
+		b.WriteString("tenants:\n")
+		for i, k := range keys {
+			fmt.Fprintf(&b, "  - id: t%d\n    api_key_sha256: [\"%s\"]\n", i, tenants.HashKey(k))
+		}
+		if err := os.WriteFile(cfgPath, []byte(b.String()), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeCfg("sk-first")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stderr := &syncBuffer{}
+	done := make(chan int, 1)
+	go func() {
+		done <- Main(ctx, []string{"gateway", "--model", "builtin:tiny", "--threads", "1", "--kv-memory", "16MiB",
+			"--name", "gw", "--tls-ca", filepath.Join(dir, "ca.pem"), "--tls-cert", filepath.Join(dir, "gw.pem"), "--tls-key", filepath.Join(dir, "gw-key.pem"),
+			"--prefill", "p0=127.0.0.1:1", "--decode", "d0=127.0.0.1:1", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--config", cfgPath}, io.Discard, stderr)
+	}()
+	defer func() { cancel(); <-done }()
+	waitFor(t, stderr, "listening on http://")
+	url := "http://" + regexp.MustCompile(`listening on http://(\S+)`).FindStringSubmatch(stderr.String())[1]
+	status := func(key string) int { return complete(http.DefaultClient, url, key, "hi", 2).status }
+	if s := status("sk-second"); s != 401 {
+		t.Fatalf("an unknown key: %d", s)
+	}
+	writeCfg("sk-first", "sk-second")
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, stderr, "tenant config reloaded")
+	if s := status("sk-second"); s == 401 {
+		t.Fatalf("the reloaded key is still refused")
+	}
+	if err := os.WriteFile(cfgPath, []byte("tenants: [}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, stderr, "tenant config reload failed; keeping the old one")
+	if s := status("sk-second"); s == 401 {
+		t.Fatalf("a broken file replaced the config in force")
 	}
 }

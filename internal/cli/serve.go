@@ -279,19 +279,7 @@ that long.`,
 			for {
 				select {
 				case <-hup:
-					if configPath == "" {
-						logger.Warn("SIGHUP ignored: no --config to reload")
-						continue
-					}
-					nc, err := loadTenants(configPath)
-					if err == nil {
-						err = srv.Reload(nc) // the shared registry: gateway and scheduler at once
-					}
-					if err != nil {
-						logger.Error("tenant config reload failed; keeping the old one", "err", err)
-						continue
-					}
-					logger.Info("tenant config reloaded", "tenants", len(nc.Tenants))
+					reloadTenants(srv, configPath, logger) // the shared registry: gateway and scheduler at once
 				case <-usr1:
 					scrubQuarantine(cmd.Context(), scrubber, logger)
 				case <-cmd.Context().Done():
