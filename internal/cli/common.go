@@ -168,3 +168,11 @@ func reloadTenants(srv *gateway.Server, path string, logger *slog.Logger) {
 	}
 	logger.Info("tenant config reloaded", "tenants", len(nc.Tenants))
 }
+
+// announceKey prints a generated API key once, on the terminal (stderr),
+// when the server is about to listen; nothing for a configured one.
+func announceKey(cmd *cobra.Command, key string) {
+	if key != "" {
+		fmt.Fprintf(cmd.ErrOrStderr(), "no --config: one tenant %q; its API key (shown once): %s\n", tenants.DefaultTenantID, key)
+	}
+}

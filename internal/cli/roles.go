@@ -20,7 +20,6 @@ import (
 	"github.com/pagewarden/pagewarden/internal/cluster"
 	"github.com/pagewarden/pagewarden/internal/disagg"
 	"github.com/pagewarden/pagewarden/internal/gateway"
-	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
 	"github.com/pagewarden/pagewarden/internal/invariants"
 	"github.com/pagewarden/pagewarden/internal/link"
 	"github.com/pagewarden/pagewarden/internal/node"
@@ -356,9 +355,7 @@ tokenizes, and its limits must equal theirs: the handshake refuses a mismatch).`
 			hup := make(chan os.Signal, 1)
 			signal.Notify(hup, syscall.SIGHUP)
 			defer signal.Stop(hup)
-			if key != "" {
-				fmt.Fprintf(cmd.ErrOrStderr(), "no --config: one tenant %q; its API key (shown once): %s\n", tenants.DefaultTenantID, key)
-			}
+			announceKey(cmd, key)
 			logger.Info("serving", "addr", ln.Addr().String(), "model", m.Name, "max_context", lim.MaxContext, "prefill", prefills, "decode", decodes)
 			fmt.Fprintf(cmd.ErrOrStderr(), "listening on http://%s\n", ln.Addr())
 			srv.Start(ln)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -239,18 +238,11 @@ that long.`,
 			if err := register(srv.Metrics()); err != nil {
 				return err
 			}
-			if metricsListen != "" {
-				mln, err := net.Listen("tcp", metricsListen)
-				if err != nil {
-					return fmt.Errorf("--metrics-listen %s: %w (choose another address, or \"\" for no metrics listener)", metricsListen, err)
-				}
-				mux := http.NewServeMux()
-				mux.Handle("GET /metrics", srv.MetricsHandler())
-				msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-				go msrv.Serve(mln)
-				defer msrv.Close()
-				fmt.Fprintf(cmd.ErrOrStderr(), "metrics on http://%s/metrics\n", mln.Addr())
+			stopMetrics, err := serveMetrics(cmd, metricsListen, srv.Metrics())
+			if err != nil {
+				return err
 			}
+			defer stopMetrics()
 			if metricsOnAPI {
 				logger.Warn("--metrics-on-api: /metrics on the API listener shows every tenant's id and traffic to anyone who can reach it")
 			} else if metricsListen == "" {
@@ -268,9 +260,7 @@ that long.`,
 			usr1 := make(chan os.Signal, 1)
 			signal.Notify(usr1, syscall.SIGUSR1)
 			defer signal.Stop(usr1)
-			if key != "" {
-				fmt.Fprintf(cmd.ErrOrStderr(), "no --config: one tenant %q; its API key (shown once): %s\n", tenants.DefaultTenantID, key)
-			}
+			announceKey(cmd, key)
 			logger.Info("serving", "disaggregated", disaggregated, "addr", ln.Addr().String(), "model", m.Name, "max_context", lim.MaxContext,
 				"kv_pages", lim.UsablePages, "page_size", lim.PageSize, "usable_kv_tokens", lim.UsableTokens, "safety_margin", lim.SafetyMargin)
 			fmt.Fprintf(cmd.ErrOrStderr(), "listening on http://%s\n", ln.Addr())
