@@ -37,6 +37,31 @@ func (p *Pool) ExportPage(dst []byte, s *Sequence, i int) ([]byte, int, error) {
 	if err := p.verify(s, 0); err != nil {
 		return dst, 0, p.fail(s, "export", err)
 	}
+	dst, filled := p.exportRows(dst, s, i)
+	return dst, filled, nil
+}
+
+// ExportPages is ExportPage for every written page of s, with the ledger
+// check done once for the whole sequence rather than once per page.
+func (p *Pool) ExportPages(s *Sequence) (pages [][]byte, filled []int, err error) {
+	if err := p.usable(s); err != nil {
+		return nil, nil, err
+	}
+	if err := p.verify(s, 0); err != nil {
+		return nil, nil, p.fail(s, "export", err)
+	}
+	ps := p.layout.PageSize
+	for i := 0; i*ps < s.length; i++ {
+		data, f := p.exportRows(make([]byte, 0, p.layout.HandoffPageBytes(min(s.length-i*ps, ps))), s, i)
+		pages, filled = append(pages, data), append(filled, f)
+	}
+	return pages, filled, nil
+}
+
+// exportRows appends the written rows of s's logical page i, which the
+// caller checked exists and verified against the ledger.
+func (p *Pool) exportRows(dst []byte, s *Sequence, i int) ([]byte, int) {
+	ps := p.layout.PageSize
 	filled := min(s.length-i*ps, ps)
 	lo := (int(s.table[i].id) - 1) * p.pageElems
 	hi := lo + filled*p.kvDim
@@ -49,7 +74,7 @@ func (p *Pool) ExportPage(dst []byte, s *Sequence, i int) ([]byte, int, error) {
 			dst = appendU16(dst, p.v16[l][lo:hi])
 		}
 	}
-	return dst, filled, nil
+	return dst, filled
 }
 
 // ImportPage writes the wire form of a page from another node (see

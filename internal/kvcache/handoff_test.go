@@ -2,6 +2,7 @@ package kvcache_test
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"testing"
 
@@ -128,6 +129,10 @@ func TestHandoffRoundTrip(t *testing.T) {
 			a := src.NewSequence(owner("acme", 1))
 			writeSeq(t, src, a, 1, n, 3)
 			pages, filled := exportAll(t, src, a)
+			all, allFilled, err := src.ExportPages(a)
+			if err != nil || fmt.Sprint(all, allFilled) != fmt.Sprint(pages, filled) {
+				t.Fatalf("ExportPages differs from ExportPage page by page (%v)", err)
+			}
 
 			b := dst.NewSequence(owner("acme", 1))
 			if err := dst.Reserve(b, n); err != nil {

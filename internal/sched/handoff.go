@@ -191,19 +191,19 @@ func (c *Core) export(r *req, tok int) {
 		return
 	}
 	ex := Export{Owner: r.owner, Tokens: r.computed, FirstToken: tok}
-	for i := range c.lim.PagesFor(r.computed) {
-		data, filled, err := c.pool.ExportPage(nil, r.seq, i)
-		if err != nil {
-			// A violation ended the sequence in the pool (quarantined);
-			// anything else is a bug of ours. Either way nothing leaves.
-			c.noteQuarantine(err)
-			c.dropPages(r, err)
-			c.end(r, func(l *Lifecycle) error { return l.Abort(fmt.Errorf("%w: export: %w", request.ErrInternal, err)) })
-			return
-		}
-		ex.Filled = append(ex.Filled, filled)
-		ex.Pages = append(ex.Pages, data)
+	pages, filled, err := c.pool.ExportPages(r.seq)
+	if err == nil && len(pages) != c.lim.PagesFor(r.computed) {
+		err = invariants.Failf("sched: export of %v: %d pages for %d computed positions", r.owner, len(pages), r.computed)
 	}
+	if err != nil {
+		// A violation ended the sequence in the pool (quarantined);
+		// anything else is a bug of ours. Either way nothing leaves.
+		c.noteQuarantine(err)
+		c.dropPages(r, err)
+		c.end(r, func(l *Lifecycle) error { return l.Abort(fmt.Errorf("%w: export: %w", request.ErrInternal, err)) })
+		return
+	}
+	ex.Pages, ex.Filled = pages, filled
 	r.generated++
 	c.out.Tokens = append(c.out.Tokens, request.Token{Owner: r.owner, Index: 0, ID: tok})
 	c.out.Exports = append(c.out.Exports, ex)
