@@ -120,7 +120,8 @@ func (p *Pool) ImportPage(s *Sequence, i, filled int, data []byte) error {
 	// a second import of the page with fewer rows must not leave the
 	// first one's tail behind.
 	if int(s.imported[i]) > filled {
-		p.scrubRows(s.table[i].id, filled)
+		// The pattern the page was allocated with (zeros under ScrubNone).
+		p.fillRows(s.table[i].id, filled, p.scrub == ScrubPoison)
 	}
 	s.imported[i] = int32(filled)
 	return nil
@@ -170,32 +171,6 @@ func (p *Pool) CommitImport(s *Sequence, tokens int) error {
 	s.imported = nil
 	s.viewGen++
 	return nil
-}
-
-// scrubRows restores the scrub pattern on the rows of page id from
-// position from to the end of the page, in every layer.
-func (p *Pool) scrubRows(id PageID, from int) {
-	lo := (int(id)-1)*p.pageElems + from*p.kvDim
-	hi := int(id) * p.pageElems
-	for l := range p.layout.Layers {
-		if p.k32 != nil {
-			if p.scrub == ScrubPoison {
-				fill32(p.k32[l][lo:hi], poisonF32)
-				fill32(p.v32[l][lo:hi], poisonF32)
-			} else {
-				clear(p.k32[l][lo:hi])
-				clear(p.v32[l][lo:hi])
-			}
-		} else {
-			if p.scrub == ScrubPoison {
-				fill16(p.k16[l][lo:hi], poisonF16)
-				fill16(p.v16[l][lo:hi], poisonF16)
-			} else {
-				clear(p.k16[l][lo:hi])
-				clear(p.v16[l][lo:hi])
-			}
-		}
-	}
 }
 
 func appendF32(dst []byte, src []float32) []byte {

@@ -285,27 +285,31 @@ func (p *Pool) scrubPage(id PageID, pol ScrubPolicy) {
 	if pol == ScrubNone || testHooks.skipScrub {
 		return
 	}
+	p.fillRows(id, 0, pol == ScrubPoison)
+	p.st.scrubs++
+}
+
+// fillRows overwrites every layer's K and V of page id, from position from
+// to the end of the page, with the poison pattern or zeros.
+func (p *Pool) fillRows(id PageID, from int, poison bool) {
 	lo, hi := p.span(id)
+	lo += from * p.kvDim
 	for l := range p.layout.Layers {
-		if p.k32 != nil {
-			if pol == ScrubZero {
-				clear(p.k32[l][lo:hi])
-				clear(p.v32[l][lo:hi])
-			} else {
-				fill32(p.k32[l][lo:hi], poisonF32)
-				fill32(p.v32[l][lo:hi], poisonF32)
-			}
-		} else {
-			if pol == ScrubZero {
-				clear(p.k16[l][lo:hi])
-				clear(p.v16[l][lo:hi])
-			} else {
-				fill16(p.k16[l][lo:hi], poisonF16)
-				fill16(p.v16[l][lo:hi], poisonF16)
-			}
+		switch {
+		case p.k32 != nil && poison:
+			fill32(p.k32[l][lo:hi], poisonF32)
+			fill32(p.v32[l][lo:hi], poisonF32)
+		case p.k32 != nil:
+			clear(p.k32[l][lo:hi])
+			clear(p.v32[l][lo:hi])
+		case poison:
+			fill16(p.k16[l][lo:hi], poisonF16)
+			fill16(p.v16[l][lo:hi], poisonF16)
+		default:
+			clear(p.k16[l][lo:hi])
+			clear(p.v16[l][lo:hi])
 		}
 	}
-	p.st.scrubs++
 }
 
 // scrubbed reports whether every element of the page holds the pool's
