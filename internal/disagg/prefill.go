@@ -1,6 +1,7 @@
 package disagg
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -175,7 +176,7 @@ func (p *Prefill) prefill(ctx context.Context, params request.Params) (ex sched.
 	res := st.Result()
 	ex, ok := st.Export()
 	if !ok || !res.Reason.Success() {
-		return sched.Export{}, 0, fmt.Errorf("prefill ended %s: %w", res.Reason, cmpErr(res.Err, request.ErrInternal))
+		return sched.Export{}, 0, fmt.Errorf("prefill ended %s: %w", res.Reason, cmp.Or(res.Err, request.ErrInternal))
 	}
 	if ex.Owner != params.Owner {
 		return sched.Export{}, 0, fmt.Errorf("%w: export of %v for %v", request.ErrInternal, ex.Owner, params.Owner)
@@ -269,11 +270,4 @@ func (p *Prefill) sendMsg(ctx context.Context, to transfer.Peer, m transfer.Mess
 	if err := p.cfg.Transport.Send(ctx, to, m); err != nil {
 		p.log.Debug("send failed", "to", to, "type", m.Type(), "err", err)
 	}
-}
-
-func cmpErr(err, def error) error {
-	if err != nil {
-		return err
-	}
-	return def
 }

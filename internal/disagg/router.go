@@ -80,7 +80,6 @@ type Router struct {
 	calls map[request.Owner]*call
 	// prefill and decode are the nodes in the cluster now (SetNodes).
 	prefill, decode []transfer.Peer
-	next            int                         // round robin over decode nodes
 	load            map[transfer.Peer]int       // requests in flight per prefill node
 	pages           map[transfer.Peer]int       // worst-case KV pages of the requests in flight per decode node
 	down            map[transfer.Peer]time.Time // nodes out of rotation, until
@@ -305,7 +304,7 @@ func (rt *Router) pickPrefill(p request.Params) transfer.Peer {
 		}
 	}
 	if best == "" {
-		best = rt.prefill[rt.next%len(rt.prefill)]
+		best = rt.prefill[0]
 	}
 	key, ok := prefixKey(p, rt.Limits().PageSize)
 	if !ok {
