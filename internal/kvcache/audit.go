@@ -282,6 +282,10 @@ type PageInfo struct {
 	Refs   int
 	Filled int
 	Cached bool // indexed in the prefix cache
+	// Seq is the pool's serial number of the Sequence that owns the page
+	// (kept on a quarantined page for forensics): the pages of one block
+	// table share it, and a request preempted and restarted gets a new one.
+	Seq uint64
 }
 
 // Page returns the ledger entry of id; ok is false when id is not a page of
@@ -291,5 +295,22 @@ func (p *Pool) Page(id PageID) (info PageInfo, ok bool) {
 		return PageInfo{}, false
 	}
 	pg := &p.ledger[id]
-	return PageInfo{State: pg.state, Owner: pg.owner, Epoch: pg.epoch, Refs: int(pg.refs), Filled: int(pg.filled), Cached: pg.indexed}, true
+	return p.info(pg), true
+}
+
+func (p *Pool) info(pg *page) PageInfo {
+	return PageInfo{State: pg.state, Owner: pg.owner, Epoch: pg.epoch, Refs: int(pg.refs), Filled: int(pg.filled), Cached: pg.indexed, Seq: pg.seq}
+}
+
+// Snapshot appends the ledger entry of every page, in page order (page id
+// i+1 at index i), to dst[:0] and returns it: the operator's page map. It
+// is O(pages) and copies no KV, and, like every Pool method, must be called
+// by the goroutine that drives the pool, so the picture it gives is of one
+// moment between two steps. Pass the previous result to reuse its memory.
+func (p *Pool) Snapshot(dst []PageInfo) []PageInfo {
+	dst = dst[:0]
+	for id := 1; id <= p.total; id++ {
+		dst = append(dst, p.info(&p.ledger[id]))
+	}
+	return dst
 }

@@ -242,6 +242,10 @@ func (n *Node) Model() *model.Model { return n.model }
 // Stats snapshots the scheduler and pool through the scheduler loop.
 func (n *Node) Stats(ctx context.Context) (sched.NodeStats, error) { return n.sched.Stats(ctx) }
 
+// PageMap is the scheduler loop's picture of the pool's pages and the
+// tenants' queues, taken between two steps (sched.Node.PageMap).
+func (n *Node) PageMap(ctx context.Context) (sched.PageMap, error) { return n.sched.PageMap(ctx) }
+
 // ScrubQuarantined is the operator's release of the KV quarantine: the
 // scheduler loop scrubs and frees every quarantined page between two steps
 // and it returns how many.

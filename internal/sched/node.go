@@ -79,6 +79,7 @@ const (
 	evReserve
 	evImport
 	evCommit
+	evPages
 )
 
 type event struct {
@@ -99,6 +100,7 @@ type event struct {
 	firstTok int
 	stats    chan NodeStats   // stats
 	scrub    chan scrubResult // scrub
+	pagemap  chan PageMap     // pages
 }
 
 type scrubResult struct {
@@ -297,6 +299,29 @@ func (n *Node) Stats(ctx context.Context) (NodeStats, error) {
 		return NodeStats{}, request.ErrShuttingDown
 	case <-ctx.Done():
 		return NodeStats{}, ctx.Err()
+	}
+}
+
+// PageMap returns a picture of the pool's pages, the tenants' queues and
+// the counters (Core.PageMap), taken by the loop between two steps so that
+// it is consistent: no batch is in flight while it is taken.
+func (n *Node) PageMap(ctx context.Context) (PageMap, error) {
+	ev := event{kind: evPages, pagemap: make(chan PageMap, 1)}
+	if err := n.send(ctx, ev); err != nil {
+		return PageMap{}, err
+	}
+	select {
+	case m := <-ev.pagemap:
+		return m, nil
+	case <-n.done:
+		select {
+		case m := <-ev.pagemap:
+			return m, nil
+		default:
+			return PageMap{}, request.ErrShuttingDown
+		}
+	case <-ctx.Done():
+		return PageMap{}, ctx.Err()
 	}
 }
 
@@ -512,6 +537,8 @@ func (n *Node) apply(ev event) {
 	case evScrub:
 		k, err := n.core.ScrubQuarantined()
 		ev.scrub <- scrubResult{k, err}
+	case evPages:
+		ev.pagemap <- n.core.PageMap(nil)
 	}
 }
 
