@@ -12,6 +12,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/pagewarden/pagewarden/internal/kernels"
 )
 
 // usageError marks errors caused by the command line itself (exit code 2).
@@ -36,6 +38,17 @@ type LookupEnv func(name string) (value string, ok bool)
 // command line wins over it. lookup is nil for no environment (only the
 // process's main function passes the real one).
 func MainEnv(ctx context.Context, args []string, stdout, stderr io.Writer, lookup LookupEnv) int {
+	// PAGEWARDEN_KERNELS forces a kernel tier (to run or measure the AVX2
+	// path on an AVX-512 machine). It is not a flag: the kernels serve the
+	// whole process, and it must be set before --version reports them.
+	if lookup != nil {
+		if v, ok := lookup(kernelsEnv); ok {
+			if err := kernels.SetTier(v); err != nil {
+				fmt.Fprintf(stderr, "pagewarden: %s: %v\n", kernelsEnv, err)
+				return 2
+			}
+		}
+	}
 	root := &cobra.Command{
 		Use:   "pagewarden",
 		Short: "Multi-tenant LLM serving where tenants can never see each other's data",
@@ -88,6 +101,9 @@ PAGEWARDEN_KV_MEMORY); a flag on the command line wins.`,
 	}
 	return 1
 }
+
+// kernelsEnv forces the kernel tier (kernels.SetTier).
+const kernelsEnv = envPrefix + "KERNELS"
 
 // envPrefix starts the name of the environment variable of every flag.
 const envPrefix = "PAGEWARDEN_"

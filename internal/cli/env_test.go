@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/pagewarden/pagewarden/internal/kernels"
 )
 
 // env is a fake environment for MainEnv.
@@ -100,6 +102,27 @@ func TestNamesFlag(t *testing.T) {
 	} {
 		if got := namesFlag(tc.msg, tc.flag); got != tc.want {
 			t.Errorf("namesFlag(%q, %q) = %v", tc.msg, tc.flag, got)
+		}
+	}
+}
+
+// TestEnvKernels: PAGEWARDEN_KERNELS forces the kernel tier that version
+// (and bench and serve) report, and a tier that is unknown or that the CPU
+// cannot run is refused before any command runs, naming the variable.
+func TestEnvKernels(t *testing.T) {
+	defer kernels.SetTier("auto")
+	r := pwEnv(t, env{"PAGEWARDEN_KERNELS": "ref"}, "version")
+	if r.code != 0 || !regexp.MustCompile(`(?m)^kernels +ref$`).MatchString(r.stdout) {
+		t.Fatalf("exit %d, stdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+	bad := []string{"sse9"}
+	if ts := kernels.Tiers(); len(ts) < 4 {
+		bad = append(bad, "avx512vnni") // above this CPU: refused too
+	}
+	for _, v := range bad {
+		r := pwEnv(t, env{"PAGEWARDEN_KERNELS": v}, "version")
+		if r.code != 2 || !strings.Contains(r.stderr, "PAGEWARDEN_KERNELS") || !strings.Contains(r.stderr, v) {
+			t.Errorf("PAGEWARDEN_KERNELS=%s: exit %d, stderr %q; want 2 and an error naming the variable and the tier", v, r.code, r.stderr)
 		}
 	}
 }

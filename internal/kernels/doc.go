@@ -9,8 +9,11 @@
 //     oracle and the fallback. Building with the tag purego, or on an
 //     architecture without assembly, uses only the references.
 //   - On amd64 the fast paths are chosen at start-up from the CPU's features
-//     (AVX-512F/BW/VNNI, AVX2+FMA+F16C) and produce results that are
-//     bit-identical to the reference for quantised weights (the integer
+//     by tier: ref, avx2 (AVX2+FMA+F16C), avx512 (F/BW/VL), avx512vnni.
+//     SetTier (the command line's PAGEWARDEN_KERNELS) installs a lower tier,
+//     so the AVX2 path runs and is tested on an AVX-512 machine exactly as
+//     on an AVX2-only one, and refuses a tier the CPU lacks. Every tier
+//     produces results that are bit-identical to the reference for quantised weights (the integer
 //     block sums are exact and the float combination is done in the same
 //     order, per output, as ggml's scalar vec_dot) and within a few ulps of
 //     it for float weights (the order of the float additions differs).

@@ -96,47 +96,49 @@ func TestMatMulOracle(t *testing.T) {
 	}
 }
 
-// TestMatMulExactVsReference: the dispatched kernels give the same bits as
+// TestMatMulExactVsReference: the dispatched kernels of every tier give the same bits as
 // the references for quantised weights, and agree to float rounding for
 // float weights, across shapes, batch sizes and thread counts.
 func TestMatMulExactVsReference(t *testing.T) {
-	rng := newRand(3)
-	for _, threads := range []int{1, 2, 3} {
-		pool := NewPool(threads)
-		for _, typ := range weightTypes {
-			bs := max(typ.BlockSize(), 32)
-			for _, shape := range [][3]int{{1, 1, 1}, {6, 2, 4}, {67, 9, 3}, {200, 8, 9}} {
-				rows, cols, n := shape[0], shape[1]*bs, shape[2]
-				if typ.BlockSize() == 256 {
-					cols = shape[1] * 256
-				}
-				data := randWeights(rng, typ, rows, cols)
-				m, err := NewMatrix(typ, rows, cols, data)
-				if err != nil {
-					t.Fatal(err)
-				}
-				x := randF32(rng, n*cols)
-				got := make([]float32, n*rows)
-				MatMul(pool, got, m, x, n)
-				restore := useRef()
-				want := make([]float32, n*rows)
-				MatMul(nil, want, m, x, n)
-				restore()
-				if typ == quant.F32 || typ == quant.F16 || typ == quant.BF16 {
-					for i := range got {
-						if !closeRel(got[i], want[i], 1e-5, x, cols) {
-							t.Fatalf("%s %v t%d: out[%d] = %g, reference %g", typ, shape, threads, i, got[i], want[i])
-						}
+	forEachTier(t, func(t *testing.T) {
+		rng := newRand(3)
+		for _, threads := range []int{1, 2, 3} {
+			pool := NewPool(threads)
+			for _, typ := range weightTypes {
+				bs := max(typ.BlockSize(), 32)
+				for _, shape := range [][3]int{{1, 1, 1}, {6, 2, 4}, {67, 9, 3}, {200, 8, 9}} {
+					rows, cols, n := shape[0], shape[1]*bs, shape[2]
+					if typ.BlockSize() == 256 {
+						cols = shape[1] * 256
 					}
-					continue
-				}
-				if diff := cmp.Diff(want, got); diff != "" {
-					t.Fatalf("%s %v t%d: SIMD differs from reference (-ref +simd):\n%s", typ, shape, threads, diff)
+					data := randWeights(rng, typ, rows, cols)
+					m, err := NewMatrix(typ, rows, cols, data)
+					if err != nil {
+						t.Fatal(err)
+					}
+					x := randF32(rng, n*cols)
+					got := make([]float32, n*rows)
+					MatMul(pool, got, m, x, n)
+					restore := useRef()
+					want := make([]float32, n*rows)
+					MatMul(nil, want, m, x, n)
+					restore()
+					if typ == quant.F32 || typ == quant.F16 || typ == quant.BF16 {
+						for i := range got {
+							if !closeRel(got[i], want[i], 1e-5, x, cols) {
+								t.Fatalf("%s %v t%d: out[%d] = %g, reference %g", typ, shape, threads, i, got[i], want[i])
+							}
+						}
+						continue
+					}
+					if diff := cmp.Diff(want, got); diff != "" {
+						t.Fatalf("%s %v t%d: SIMD differs from reference (-ref +simd):\n%s", typ, shape, threads, diff)
+					}
 				}
 			}
+			pool.Close()
 		}
-		pool.Close()
-	}
+	})
 }
 
 func closeRel(a, b float32, tol float64, x []float32, cols int) bool {
@@ -349,46 +351,48 @@ func TestUnpackQ6K(t *testing.T) {
 // and several groups with padding), row counts that leave a padded weight
 // group, and one or two threads.
 func TestMatMulQMatchesGGML(t *testing.T) {
-	rng := newRand(42)
-	pools := []*Pool{nil, NewPool(2)}
-	defer pools[1].Close()
-	for _, typ := range []quant.Type{quant.Q8_0, quant.Q4_0} {
-		for _, sh := range [][2]int{{16, 32}, {37, 96}, {5, 64}, {64, 576}} {
-			rows, cols := sh[0], sh[1]
-			data := randWeights(rng, typ, rows, cols)
-			m, err := NewMatrix(typ, rows, cols, data)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rb, _ := quant.RowBytes(typ, cols)
-			for _, n := range []int{1, 2, 4, 5, 8, 9, 17} {
-				x := randF32(rng, n*cols)
-				nb := cols / 32
-				xq, xd, xs := make([]int8, n*cols), make([]float32, n*nb), make([]int32, n*nb)
-				for i := 0; i < n; i++ {
-					quantizeQ8_0(x[i*cols:(i+1)*cols], xq[i*cols:(i+1)*cols], xd[i*nb:(i+1)*nb], xs[i*nb:(i+1)*nb])
+	forEachTier(t, func(t *testing.T) {
+		rng := newRand(42)
+		pools := []*Pool{nil, NewPool(2)}
+		defer pools[1].Close()
+		for _, typ := range []quant.Type{quant.Q8_0, quant.Q4_0} {
+			for _, sh := range [][2]int{{16, 32}, {37, 96}, {5, 64}, {64, 576}} {
+				rows, cols := sh[0], sh[1]
+				data := randWeights(rng, typ, rows, cols)
+				m, err := NewMatrix(typ, rows, cols, data)
+				if err != nil {
+					t.Fatal(err)
 				}
-				want := make([]float32, n*rows)
-				for i := 0; i < n; i++ {
-					for r := 0; r < rows; r++ {
-						row := data[r*rb : (r+1)*rb]
-						if typ == quant.Q8_0 {
-							want[i*rows+r] = dotQ8_0Ref(row, xq[i*cols:(i+1)*cols], xd[i*nb:(i+1)*nb])
-						} else {
-							want[i*rows+r] = dotQ4_0Ref(row, xq[i*cols:(i+1)*cols], xd[i*nb:(i+1)*nb])
+				rb, _ := quant.RowBytes(typ, cols)
+				for _, n := range []int{1, 2, 4, 5, 8, 9, 17} {
+					x := randF32(rng, n*cols)
+					nb := cols / 32
+					xq, xd, xs := make([]int8, n*cols), make([]float32, n*nb), make([]int32, n*nb)
+					for i := 0; i < n; i++ {
+						quantizeQ8_0(x[i*cols:(i+1)*cols], xq[i*cols:(i+1)*cols], xd[i*nb:(i+1)*nb], xs[i*nb:(i+1)*nb])
+					}
+					want := make([]float32, n*rows)
+					for i := 0; i < n; i++ {
+						for r := 0; r < rows; r++ {
+							row := data[r*rb : (r+1)*rb]
+							if typ == quant.Q8_0 {
+								want[i*rows+r] = dotQ8_0Ref(row, xq[i*cols:(i+1)*cols], xd[i*nb:(i+1)*nb])
+							} else {
+								want[i*rows+r] = dotQ4_0Ref(row, xq[i*cols:(i+1)*cols], xd[i*nb:(i+1)*nb])
+							}
 						}
 					}
-				}
-				for pi, p := range pools {
-					got := make([]float32, n*rows)
-					MatMul(p, got, m, x, n)
-					if diff := cmp.Diff(bitsOf(want), bitsOf(got)); diff != "" {
-						t.Fatalf("%s %dx%d n=%d pool %d: MatMul vs ggml vec_dot (-ggml +got bits):\n%s", typ, rows, cols, n, pi, diff)
+					for pi, p := range pools {
+						got := make([]float32, n*rows)
+						MatMul(p, got, m, x, n)
+						if diff := cmp.Diff(bitsOf(want), bitsOf(got)); diff != "" {
+							t.Fatalf("%s %dx%d n=%d pool %d: MatMul vs ggml vec_dot (-ggml +got bits):\n%s", typ, rows, cols, n, pi, diff)
+						}
 					}
 				}
 			}
 		}
-	}
+	})
 }
 
 // TestQuantizeQ8_0Packed: the packed quantiser writes exactly quantizeQ8_0's
@@ -433,57 +437,59 @@ func TestQuantizeQ8_0Packed(t *testing.T) {
 // activations, for one row (decode), a padded group and several groups,
 // weight row counts that leave a padded group, one or two threads.
 func TestMatMulKMatchesGGML(t *testing.T) {
-	rng := newRand(44)
-	pools := []*Pool{nil, NewPool(2)}
-	defer pools[1].Close()
-	for _, typ := range []quant.Type{quant.Q4_K, quant.Q6_K} {
-		for _, sh := range [][2]int{{16, 256}, {37, 512}, {3, 768}} {
-			rows, cols := sh[0], sh[1]
-			data := randWeights(rng, typ, rows, cols)
-			if typ == quant.Q4_K {
-				// Real Q4_K blocks too: quant.Quantize's scale/min packing.
-				q, err := quant.Quantize(typ, randF32(rng, rows*cols))
+	forEachTier(t, func(t *testing.T) {
+		rng := newRand(44)
+		pools := []*Pool{nil, NewPool(2)}
+		defer pools[1].Close()
+		for _, typ := range []quant.Type{quant.Q4_K, quant.Q6_K} {
+			for _, sh := range [][2]int{{16, 256}, {37, 512}, {3, 768}} {
+				rows, cols := sh[0], sh[1]
+				data := randWeights(rng, typ, rows, cols)
+				if typ == quant.Q4_K {
+					// Real Q4_K blocks too: quant.Quantize's scale/min packing.
+					q, err := quant.Quantize(typ, randF32(rng, rows*cols))
+					if err != nil {
+						t.Fatal(err)
+					}
+					data = q
+				}
+				m, err := NewMatrix(typ, rows, cols, data)
 				if err != nil {
 					t.Fatal(err)
 				}
-				data = q
-			}
-			m, err := NewMatrix(typ, rows, cols, data)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rb, _ := quant.RowBytes(typ, cols)
-			nb := cols / 256
-			for _, n := range []int{1, 2, 4, 5, 9} {
-				x := randF32(rng, n*cols)
-				if n == 2 {
-					clear(x[:256]) // an all-zero super-block
-				}
-				xq, xd, bs := make([]int8, n*cols), make([]float32, n*nb), make([]int16, n*nb*16)
-				for i := 0; i < n; i++ {
-					quantizeQ8K(x[i*cols:(i+1)*cols], xq[i*cols:(i+1)*cols], xd[i*nb:(i+1)*nb], bs[i*nb*16:(i+1)*nb*16])
-				}
-				want := make([]float32, n*rows)
-				for i := 0; i < n; i++ {
-					for r := 0; r < rows; r++ {
-						row := data[r*rb : (r+1)*rb]
-						if typ == quant.Q4_K {
-							want[i*rows+r] = dotQ4KRef(row, xq[i*cols:(i+1)*cols], xd[i*nb:(i+1)*nb], bs[i*nb*16:(i+1)*nb*16])
-						} else {
-							want[i*rows+r] = dotQ6KRef(row, xq[i*cols:(i+1)*cols], xd[i*nb:(i+1)*nb])
+				rb, _ := quant.RowBytes(typ, cols)
+				nb := cols / 256
+				for _, n := range []int{1, 2, 4, 5, 9} {
+					x := randF32(rng, n*cols)
+					if n == 2 {
+						clear(x[:256]) // an all-zero super-block
+					}
+					xq, xd, bs := make([]int8, n*cols), make([]float32, n*nb), make([]int16, n*nb*16)
+					for i := 0; i < n; i++ {
+						quantizeQ8K(x[i*cols:(i+1)*cols], xq[i*cols:(i+1)*cols], xd[i*nb:(i+1)*nb], bs[i*nb*16:(i+1)*nb*16])
+					}
+					want := make([]float32, n*rows)
+					for i := 0; i < n; i++ {
+						for r := 0; r < rows; r++ {
+							row := data[r*rb : (r+1)*rb]
+							if typ == quant.Q4_K {
+								want[i*rows+r] = dotQ4KRef(row, xq[i*cols:(i+1)*cols], xd[i*nb:(i+1)*nb], bs[i*nb*16:(i+1)*nb*16])
+							} else {
+								want[i*rows+r] = dotQ6KRef(row, xq[i*cols:(i+1)*cols], xd[i*nb:(i+1)*nb])
+							}
 						}
 					}
-				}
-				for pi, p := range pools {
-					got := make([]float32, n*rows)
-					MatMul(p, got, m, x, n)
-					if diff := cmp.Diff(bitsOf(want), bitsOf(got)); diff != "" {
-						t.Fatalf("%s %dx%d n=%d pool %d: MatMul vs ggml vec_dot (-ggml +got bits):\n%s", typ, rows, cols, n, pi, diff)
+					for pi, p := range pools {
+						got := make([]float32, n*rows)
+						MatMul(p, got, m, x, n)
+						if diff := cmp.Diff(bitsOf(want), bitsOf(got)); diff != "" {
+							t.Fatalf("%s %dx%d n=%d pool %d: MatMul vs ggml vec_dot (-ggml +got bits):\n%s", typ, rows, cols, n, pi, diff)
+						}
 					}
 				}
 			}
 		}
-	}
+	})
 }
 
 // TestQuantizeQ8KPacked: the packed Q8_K quantiser writes quantizeQ8K's
@@ -547,43 +553,45 @@ func TestQuantizeQ8KPacked(t *testing.T) {
 // batching relies on this: a sequence's logits must not depend on which
 // other sequences (other tenants') share its step.
 func TestMatMulBatchInvariant(t *testing.T) {
-	rng := newRand(46)
-	pools := []*Pool{nil, NewPool(2), NewPool(3)}
-	defer pools[1].Close()
-	defer pools[2].Close()
-	for _, typ := range weightTypes {
-		bs := max(typ.BlockSize(), 32)
-		for _, sh := range [][2]int{{37, 3 * bs}, {64, 1100 / bs * bs}, {21, 2 * bs}} {
-			rows, cols := sh[0], sh[1]
-			if typ.BlockSize() == 256 {
-				cols = sh[1] / 256 * 256
-				if cols == 0 {
-					cols = 256
+	forEachTier(t, func(t *testing.T) {
+		rng := newRand(46)
+		pools := []*Pool{nil, NewPool(2), NewPool(3)}
+		defer pools[1].Close()
+		defer pools[2].Close()
+		for _, typ := range weightTypes {
+			bs := max(typ.BlockSize(), 32)
+			for _, sh := range [][2]int{{37, 3 * bs}, {64, 1100 / bs * bs}, {21, 2 * bs}} {
+				rows, cols := sh[0], sh[1]
+				if typ.BlockSize() == 256 {
+					cols = sh[1] / 256 * 256
+					if cols == 0 {
+						cols = 256
+					}
 				}
-			}
-			if typ.BlockSize() == 1 {
-				cols = sh[1] + 5 // a masked tail and, for 1100, three column chunks
-			}
-			m, err := NewMatrix(typ, rows, cols, randWeights(rng, typ, rows, cols))
-			if err != nil {
-				t.Fatal(err)
-			}
-			const n = 19
-			x := randF32(rng, n*cols)
-			alone := make([]float32, n*rows)
-			for i := 0; i < n; i++ {
-				MatMul(nil, alone[i*rows:(i+1)*rows], m, x[i*cols:(i+1)*cols], 1)
-			}
-			for _, sub := range [][2]int{{0, n}, {3, 7}, {5, 13}, {1, 3}, {2, 6}} {
-				for pi, p := range pools {
-					lo, hi := sub[0], sub[1]
-					got := make([]float32, (hi-lo)*rows)
-					MatMul(p, got, m, x[lo*cols:hi*cols], hi-lo)
-					if diff := cmp.Diff(bitsOf(alone[lo*rows:hi*rows]), bitsOf(got)); diff != "" {
-						t.Fatalf("%s %dx%d rows %d..%d pool %d: batched differs from alone (-alone +batched bits):\n%s", typ, rows, cols, lo, hi, pi, diff)
+				if typ.BlockSize() == 1 {
+					cols = sh[1] + 5 // a masked tail and, for 1100, three column chunks
+				}
+				m, err := NewMatrix(typ, rows, cols, randWeights(rng, typ, rows, cols))
+				if err != nil {
+					t.Fatal(err)
+				}
+				const n = 19
+				x := randF32(rng, n*cols)
+				alone := make([]float32, n*rows)
+				for i := 0; i < n; i++ {
+					MatMul(nil, alone[i*rows:(i+1)*rows], m, x[i*cols:(i+1)*cols], 1)
+				}
+				for _, sub := range [][2]int{{0, n}, {3, 7}, {5, 13}, {1, 3}, {2, 6}} {
+					for pi, p := range pools {
+						lo, hi := sub[0], sub[1]
+						got := make([]float32, (hi-lo)*rows)
+						MatMul(p, got, m, x[lo*cols:hi*cols], hi-lo)
+						if diff := cmp.Diff(bitsOf(alone[lo*rows:hi*rows]), bitsOf(got)); diff != "" {
+							t.Fatalf("%s %dx%d rows %d..%d pool %d: batched differs from alone (-alone +batched bits):\n%s", typ, rows, cols, lo, hi, pi, diff)
+						}
 					}
 				}
 			}
 		}
-	}
+	})
 }

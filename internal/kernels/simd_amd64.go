@@ -6,6 +6,7 @@ package kernels
 
 import (
 	"math"
+	"strings"
 
 	"golang.org/x/sys/cpu"
 
@@ -21,6 +22,38 @@ var (
 	hasVNNI512 = hasAVX512 && cpu.X86.HasAVX512VNNI
 )
 
+// hasAsm: this build has assembly kernels.
+const hasAsm = true
+
+// cpuLacks names the CPU features tier name needs that this CPU lacks, or
+// returns "" if it can run the tier.
+func cpuLacks(name string) string {
+	var miss []string
+	need := func(ok bool, feature string) {
+		if !ok {
+			miss = append(miss, feature)
+		}
+	}
+	r := tierRank(name)
+	if r >= tierRank("avx2") {
+		need(cpu.X86.HasAVX2, "AVX2")
+		need(cpu.X86.HasFMA, "FMA")
+		need(cpu.X86.HasF16C, "F16C")
+	}
+	if r >= tierRank("avx512") {
+		need(cpu.X86.HasAVX512F, "AVX512F")
+		need(cpu.X86.HasAVX512BW, "AVX512BW")
+		need(cpu.X86.HasAVX512VL, "AVX512VL")
+	}
+	if r >= tierRank("avx512vnni") {
+		need(cpu.X86.HasAVX512VNNI, "AVX512_VNNI")
+	}
+	if len(miss) == 0 {
+		return ""
+	}
+	return "the CPU lacks " + strings.Join(miss, ", ")
+}
+
 // variant is one implementation of a kernel, named for tests and
 // benchmarks.
 type variant[F any] struct {
@@ -28,8 +61,9 @@ type variant[F any] struct {
 	fn   F
 }
 
-// The implementations usable on this CPU, best last. Tests run every
-// entry against the reference; init installs the last one.
+// The implementations usable on this CPU, in tier order (each named for
+// the tier it needs, see tier.go). Tests run every entry against the
+// reference; init installs the best tier's.
 var (
 	dotVariants       = []variant[func(a, b []float32) float32]{{"ref", dotRef}}
 	dotF16Variants    = []variant[func(a []float32, b []uint16) float32]{{"ref", dotF16Ref}}
@@ -46,7 +80,6 @@ var (
 
 func init() {
 	if hasAVX2 {
-		simdName = "avx2"
 		dotVariants = append(dotVariants, variant[func(a, b []float32) float32]{"avx2", dotAVX2})
 		dotF16Variants = append(dotF16Variants, variant[func(a []float32, b []uint16) float32]{"avx2", dotF16AVX2Go})
 		f16ToF32sVariants = append(f16ToF32sVariants, variant[func(dst []float32, src []uint16)]{"avx2", f16ToF32sAVX2Go})
@@ -54,7 +87,6 @@ func init() {
 		gemmF32Variants = append(gemmF32Variants, variant[gemmF32Fn]{"avx2", gemmF32Generic})
 	}
 	if hasAVX512 {
-		simdName = "avx512"
 		dotVariants = append(dotVariants, variant[func(a, b []float32) float32]{"avx512", dotAVX512})
 		dotF16Variants = append(dotF16Variants, variant[func(a []float32, b []uint16) float32]{"avx512", dotF16AVX512Go})
 		axpyVariants = append(axpyVariants, variant[func([]float32, float32, []float32)]{"avx512", axpyAVX512Go})
@@ -66,21 +98,11 @@ func init() {
 		softmaxVariants = append(softmaxVariants, variant[func(x []float32)]{"avx512", softmaxAVX512})
 	}
 	if hasVNNI512 {
-		simdName = "avx512vnni"
 		qTileVariants = append(qTileVariants, variant[qTileFn]{"avx512vnni", qTileVNNI})
 		kTileVariants = append(kTileVariants, variant[kTileFn]{"avx512vnni", kTileVNNI})
 	}
-	dotImpl = dotVariants[len(dotVariants)-1].fn
-	dotF16Impl = dotF16Variants[len(dotF16Variants)-1].fn
-	axpyImpl = axpyVariants[len(axpyVariants)-1].fn
-	axpyF16Impl = axpyF16Variants[len(axpyF16Variants)-1].fn
-	f16ToF32sImpl = f16ToF32sVariants[len(f16ToF32sVariants)-1].fn
-	qTileImpl = qTileVariants[len(qTileVariants)-1].fn
-	gemmF32Impl = gemmF32Variants[len(gemmF32Variants)-1].fn
-	quantQ8Impl = quantQ8Variants[len(quantQ8Variants)-1].fn
-	kTileImpl = kTileVariants[len(kTileVariants)-1].fn
-	siluMulImpl = siluMulVariants[len(siluMulVariants)-1].fn
-	softmaxImpl = softmaxVariants[len(softmaxVariants)-1].fn
+	ts := Tiers()
+	install(tierRank(ts[len(ts)-1]))
 }
 
 // Slice wrappers: they bound every pointer the assembly reads or writes by

@@ -6,6 +6,17 @@ package kernels
 // so the differential tests compile (and compare the reference with
 // itself).
 
+// hasAsm: this build has no assembly kernels.
+const hasAsm = false
+
+// cpuLacks refuses every tier but the reference.
+func cpuLacks(name string) string {
+	if tierRank(name) > 0 {
+		return "this build has no assembly kernels (built with the purego tag, or not for amd64)"
+	}
+	return ""
+}
+
 type variant[F any] struct {
 	name string
 	fn   F

@@ -20,12 +20,7 @@ var (
 	quantKImpl    = quantizeQ8KPacked
 	siluMulImpl   = siluMulRef
 	softmaxImpl   = softmaxRef
-	simdName      = "purego"
 )
-
-// Implementation names the fast path chosen for this CPU ("avx512vnni",
-// "avx2", "purego"), for logs and benchmark labels.
-func Implementation() string { return simdName }
 
 func mustLen(op string, got, want int) {
 	if got != want {
