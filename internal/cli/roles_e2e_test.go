@@ -295,17 +295,18 @@ func startServe(t *testing.T, extra ...string) refServer {
 	return refServer{url: "http://" + m[2], key: m[1]}
 }
 
-// TestServeDisaggregated: serve --disaggregated (a prefill and a decode
-// node in one process, through the handoff protocol) answers exactly as
-// serve does, and its metrics show both nodes with no violation.
+// TestServeDisaggregated: serve (a prefill and a decode node in one
+// process, through the handoff protocol) answers exactly as serve
+// --colocated (one node, no handoff) does, and its metrics show both nodes
+// with no violation.
 func TestServeDisaggregated(t *testing.T) {
-	one := startServe(t)
-	two := startServe(t, "--disaggregated", "--metrics-on-api")
+	one := startServe(t, "--colocated")
+	two := startServe(t, "--metrics-on-api")
 	for _, p := range []string{"Once upon a time", "The little dog ran to the park and", "A"} {
 		for _, n := range []int{1, 7, 40} {
 			a, b := complete(http.DefaultClient, one.url, one.key, p, n), complete(http.DefaultClient, two.url, two.key, p, n)
 			if a.status != 200 || b.status != 200 || a.text != b.text {
-				t.Fatalf("%q max %d: serve %d %q, disaggregated %d %q (%s)", p, n, a.status, a.text, b.status, b.text, b.body)
+				t.Fatalf("%q max %d: colocated %d %q, disaggregated %d %q (%s)", p, n, a.status, a.text, b.status, b.text, b.body)
 			}
 		}
 	}

@@ -137,14 +137,24 @@ func serveCmd() *cobra.Command {
 	var logPrompts, metricsOnAPI bool
 	var maxBody int64
 	var reapAfter time.Duration
-	var disaggregated bool
+	var colocated bool
 	var lg logFlags
 	var apiKey string
 	var sf servedFlags
 	c := &cobra.Command{
 		Use:   "serve",
-		Short: "Serve the OpenAI-compatible API (gateway, scheduler and engine in one process)",
-		Long: `Serve the OpenAI-compatible API on --listen. Tenants come from --config (YAML,
+		Short: "Serve the OpenAI-compatible API (gateway, a prefill and a decode node in one process)",
+		Long: `Serve the OpenAI-compatible API on --listen. The process runs a gateway, a
+prefill node and a decode node; each prompt's KV pages are handed from prefill
+to decode through the same handoff protocol, checks and framing as between
+hosts (pagewarden prefill/decode/gateway), so a long prompt arriving never
+stalls the streams already running. --kv-memory is the budget of both nodes
+together: the prefill node gets a quarter (at least the window with its
+margin), the decode node the rest. --colocated runs one node instead, with one
+KV pool and no handoff (less memory, a slightly faster first token, but every
+prefill step stalls the running streams).
+
+Tenants come from --config (YAML,
 reloaded on SIGHUP); without it one tenant is served, with the key --api-key
 (or PAGEWARDEN_API_KEY) gives, or with a generated key printed once on stderr
 when the server is ready to listen.
@@ -211,10 +221,10 @@ that long.`,
 				lim      sched.Limits
 				register func(prometheus.Registerer) error
 			)
-			if disaggregated {
+			if !colocated {
 				// A prefill and a decode node in this process, linked by
 				// the same framing, handshake and checks as across hosts.
-				l, err := disagg.StartLocal(m, disagg.LocalConfig{Node: o, Logger: logger})
+				l, err := disagg.StartLocal(m, disagg.LocalConfig{Node: o, Logger: logger, ShareKV: true})
 				if err != nil {
 					return err
 				}
@@ -261,7 +271,7 @@ that long.`,
 			signal.Notify(usr1, syscall.SIGUSR1)
 			defer signal.Stop(usr1)
 			announceKey(cmd, key)
-			logger.Info("serving", "disaggregated", disaggregated, "addr", ln.Addr().String(), "model", m.Name, "max_context", lim.MaxContext,
+			logger.Info("serving", "disaggregated", !colocated, "addr", ln.Addr().String(), "model", m.Name, "max_context", lim.MaxContext,
 				"kv_pages", lim.UsablePages, "page_size", lim.PageSize, "usable_kv_tokens", lim.UsableTokens, "safety_margin", lim.SafetyMargin)
 			fmt.Fprintf(cmd.ErrOrStderr(), "listening on http://%s\n", ln.Addr())
 			srv.Start(ln)
@@ -298,8 +308,8 @@ that long.`,
 	c.Flags().DurationVar(&drain, "drain-timeout", 30*time.Second, "how long shutdown waits for in-flight requests")
 	c.Flags().BoolVar(&logPrompts, "log-prompts", false, "log prompt and output text (debug only: prompts are customer data)")
 	c.Flags().Int64Var(&maxBody, "max-body-bytes", gateway.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")
-	c.Flags().BoolVar(&disaggregated, "disaggregated", false,
-		"run a prefill and a decode node in this process and hand each prompt's KV pages between them through the handoff protocol (as `prefill`/`decode` do across hosts); each node gets --kv-memory")
+	c.Flags().BoolVar(&colocated, "colocated", false,
+		"run one node (one engine and KV pool, no handoff) instead of a prefill and a decode node: less memory, but long prompts stall running streams")
 	c.Flags().DurationVar(&reapAfter, "quarantine-reap-after", 0, "scrub and free KV pages quarantined after a violation once they have been quarantined this long (0: only on SIGUSR1)")
 	return c
 }

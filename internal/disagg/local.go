@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pagewarden/pagewarden/internal/gateway"
+	"github.com/pagewarden/pagewarden/internal/kvcache"
 	"github.com/pagewarden/pagewarden/internal/link"
 	"github.com/pagewarden/pagewarden/internal/model"
 	"github.com/pagewarden/pagewarden/internal/node"
@@ -20,10 +22,15 @@ import (
 type LocalConfig struct {
 	Prefill, Decode int          // nodes of each role (default 1 each)
 	Node            node.Options // every node's options (KeepModel is set)
-	Logger          *slog.Logger
-	Decoder         DecodeConfig  // leases and timeouts (Sched, Layout, Transport are set)
-	Prefiller       PrefillConfig // heartbeats and timeouts (likewise)
-	Router          RouterConfig  // abort timing (Vocabulary, Transport and the node lists are set)
+	// ShareKV makes Node.KVMemory (or its default) the budget of all the
+	// nodes together rather than of each (SplitKV); serve sets it, so
+	// that running the split in one process does not double the memory
+	// the operator gave.
+	ShareKV   bool
+	Logger    *slog.Logger
+	Decoder   DecodeConfig  // leases and timeouts (Sched, Layout, Transport are set)
+	Prefiller PrefillConfig // heartbeats and timeouts (likewise)
+	Router    RouterConfig  // abort timing (Vocabulary, Transport and the node lists are set)
 
 	// Transport makes a node's transport (nil: an in-process
 	// link.Network). The demo passes gRPC over mutual TLS on loopback.
@@ -72,6 +79,12 @@ func StartLocal(m *model.Model, cfg LocalConfig) (l *Local, err error) {
 	}()
 	o := cfg.Node
 	o.KeepModel = true
+	po, do := o, o
+	if cfg.ShareKV {
+		if po.KVMemory, do.KVMemory, err = SplitKV(m, o, cfg.Prefill, cfg.Decode); err != nil {
+			return nil, err
+		}
+	}
 	nw := link.NewNetwork()
 	if cfg.Transport == nil {
 		cfg.Transport = func(h transfer.Hello) (link.Transport, error) {
@@ -92,7 +105,11 @@ func StartLocal(m *model.Model, cfg LocalConfig) (l *Local, err error) {
 	var prefills, decodes []transfer.Peer
 	var layout transfer.Layout
 	for i := range cfg.Prefill + cfg.Decode {
-		n, err := node.Start(m, o)
+		no := do
+		if i < cfg.Prefill {
+			no = po
+		}
+		n, err := node.Start(m, no)
 		if err != nil {
 			return nil, err
 		}
@@ -144,6 +161,35 @@ func StartLocal(m *model.Model, cfg LocalConfig) (l *Local, err error) {
 	l.Router = rt
 	l.run(func() error { return rt.Run(ctx) })
 	return l, nil
+}
+
+// SplitKV divides the KV budget of o (KVMemory, or the default a single
+// node would take) between prefill and decode nodes, returning each
+// prefill and each decode node's share. A prefill node holds prompts only
+// until their handoff (and its prefix cache), a decode node holds them
+// for their whole generation, so prefill nodes get a quarter of the budget
+// and decode nodes the rest; but every node must hold the advertised
+// window with its safety margin, since every paired node must accept the
+// same requests. A budget too small for that is refused with the numbers.
+func SplitKV(m *model.Model, o node.Options, prefills, decodes int) (prefill, decode int64, err error) {
+	capa, err := node.Plan(m, o)
+	if err != nil {
+		return 0, 0, err
+	}
+	lim := capa.Limits
+	pageBytes := lim.PageBytes
+	needPages := int64(math.Ceil(float64(lim.MaxContext) * lim.SafetyMargin / float64(lim.PageSize)))
+	need := needPages * pageBytes
+	prefill = max(need, capa.KVMemory/4/int64(prefills))
+	decode = (capa.KVMemory - int64(prefills)*prefill) / int64(decodes)
+	if decode < need {
+		least := int64(prefills+decodes) * need
+		return 0, 0, fmt.Errorf("the KV budget %s (%s) is split between %d prefill and %d decode nodes, and each must hold the %d-token window "+
+			"with --kv-safety-margin %g (%d pages, %s): raise --kv-memory to at least %s, lower --max-context, or run --colocated (one node, no handoff)",
+			kvcache.FormatBytes(capa.KVMemory), capa.KVMemorySource, prefills, decodes, lim.MaxContext, lim.SafetyMargin, needPages,
+			kvcache.FormatBytes(need), kvcache.FormatBytes(least))
+	}
+	return prefill, decode, nil
 }
 
 func (l *Local) run(f func() error) {

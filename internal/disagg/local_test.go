@@ -3,6 +3,7 @@ package disagg
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -296,5 +297,70 @@ func TestDisaggregatedMatchesOnTestModels(t *testing.T) {
 				checkBaseline(t, l)
 			})
 		}
+	}
+}
+
+// TestSplitKV: with ShareKV the budget is divided, a quarter to the
+// prefill nodes and the rest to the decode nodes, each holding at least
+// the window with its margin; a budget that cannot give every node that is
+// refused with the numbers and the way out.
+func TestSplitKV(t *testing.T) {
+	m, err := model.Load(model.BuiltinPrefix+"tiny", model.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	o := nodeOptions()
+	capa, err := node.Plan(m, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := capa.Limits
+	window := int64(float64(lim.MaxContext)*lim.SafetyMargin+float64(lim.PageSize)-1) / int64(lim.PageSize) * lim.PageBytes
+	tests := []struct {
+		name              string
+		budget            int64
+		prefills, decodes int
+		prefill, decode   int64 // 0: refused
+	}{
+		{"quarter to prefill", 64 * window, 1, 1, 16 * window, 48 * window},
+		{"two of each", 64 * window, 2, 2, 8 * window, 24 * window},
+		{"tight: prefill keeps its window", 3 * window, 1, 1, window, 2 * window},
+		{"exactly two windows", 2 * window, 1, 1, window, window},
+		{"too small", 2*window - 1, 1, 1, 0, 0},
+		{"too small for four nodes", 3 * window, 2, 2, 0, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			o := o
+			o.KVMemory = tc.budget
+			p, d, err := SplitKV(m, o, tc.prefills, tc.decodes)
+			if tc.prefill == 0 {
+				if err == nil || !strings.Contains(err.Error(), "--colocated") || !strings.Contains(err.Error(), "--kv-memory") {
+					t.Fatalf("SplitKV(%d) = %d, %d, %v; want a refusal naming --kv-memory and --colocated", tc.budget, p, d, err)
+				}
+				return
+			}
+			if err != nil || p != tc.prefill || d != tc.decode {
+				t.Fatalf("SplitKV(%d) = %d, %d, %v; want %d, %d", tc.budget, p, d, err, tc.prefill, tc.decode)
+			}
+			if int64(tc.prefills)*p+int64(tc.decodes)*d > tc.budget {
+				t.Fatalf("shares %d+%d exceed the budget %d", p, d, tc.budget)
+			}
+		})
+	}
+}
+
+// TestSharedKVCluster: a cluster started with ShareKV serves and its
+// pools add up to the one budget.
+func TestSharedKVCluster(t *testing.T) {
+	o := nodeOptions()
+	o.KVMemory = 32 << 20
+	l := startLocal(t, LocalConfig{Node: o, ShareKV: true})
+	if got := l.Prefills[0].PoolStats().PagesTotal + l.Decodes[0].PoolStats().PagesTotal; int64(got)*l.Decodes[0].SchedLimits().PageBytes > o.KVMemory {
+		t.Fatalf("%d pages in all exceed the budget %d", got, o.KVMemory)
+	}
+	if p, d := l.Prefills[0].PoolStats().PagesTotal, l.Decodes[0].PoolStats().PagesTotal; d < 2*p {
+		t.Fatalf("prefill %d pages, decode %d: want decode to hold most", p, d)
 	}
 }

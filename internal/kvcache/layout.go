@@ -112,6 +112,16 @@ func PagesForMemory(l Layout, bytes int64) int {
 	return int(min(bytes/pb, maxPages))
 }
 
+// FormatBytes writes a memory size in GiB, with enough digits for the
+// small pools of tests.
+func FormatBytes(b int64) string {
+	g := float64(b) / (1 << 30)
+	if g >= 10 {
+		return fmt.Sprintf("%.1f GiB", g)
+	}
+	return fmt.Sprintf("%.3g GiB", g)
+}
+
 // ErrBytes reports a memory size that ParseBytes cannot read.
 var ErrBytes = errors.New("kvcache: invalid memory size")
 

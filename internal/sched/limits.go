@@ -119,14 +119,7 @@ func ComputeLimits(m ModelShape, layout kvcache.Layout, pages, maxContext int, m
 	return l, nil
 }
 
-// gib formats bytes in GiB with enough digits for small test pools.
-func gib(b int64) string {
-	g := float64(b) / (1 << 30)
-	if g >= 10 {
-		return fmt.Sprintf("%.1f GiB", g)
-	}
-	return fmt.Sprintf("%.3g GiB", g)
-}
+func gib(b int64) string { return kvcache.FormatBytes(b) }
 
 // String is the capacity report `pagewarden capacity` prints.
 func (l Limits) String() string {
