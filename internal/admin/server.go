@@ -1,0 +1,347 @@
+package admin
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pagewarden/pagewarden/internal/sched"
+)
+
+// Pool is one node's KV pool as the admin server sees it: a name (the
+// node's, as the page map labels it) and how to take its PageMap. In
+// `serve` that is one node; with a prefill and a decode node in one
+// process it is one entry per node.
+type Pool struct {
+	Name string
+	Map  func(ctx context.Context) (sched.PageMap, error)
+}
+
+// Config configures a Server.
+type Config struct {
+	Pools []Pool
+	// KeySHA256 are the SHA-256 digests of the admin keys. At least one is
+	// required: the admin listener is never open.
+	KeySHA256 [][32]byte
+	// IsTenantKey, if set, reports whether a key that is not an admin key
+	// is a tenant's API key, so that the refusal says so (403) and is
+	// recorded as an audit event: a tenant key sent to the admin listener
+	// is a leaked or misused credential worth a look.
+	IsTenantKey func(key string) bool
+	// Events is the audit ring the page and /admin/api/events show (nil:
+	// a new one, which only the server's own events reach).
+	Events *Ring
+	// Interval is how often /admin/events sends a fresh state (default
+	// 1s). Snapshots are shared by every client within one interval.
+	Interval time.Duration
+	// Logger receives the server's own audit lines (through Events'
+	// handler when the caller wired it so); nil discards.
+	Logger *slog.Logger
+}
+
+// Server serves the admin page, its JSON API and its event stream.
+type Server struct {
+	cfg  Config
+	log  *slog.Logger
+	mux  *http.ServeMux
+	mu   sync.Mutex // guards the cached state
+	last *state
+}
+
+//go:embed ui
+var uiFiles embed.FS
+
+// ErrConfig reports a Config the server cannot run with.
+var ErrConfig = errors.New("admin: invalid configuration")
+
+// New checks cfg and builds the server.
+func New(cfg Config) (*Server, error) {
+	if len(cfg.KeySHA256) == 0 {
+		return nil, fmt.Errorf("%w: no admin key", ErrConfig)
+	}
+	if len(cfg.Pools) == 0 {
+		return nil, fmt.Errorf("%w: no pools", ErrConfig)
+	}
+	seen := map[string]bool{}
+	for _, p := range cfg.Pools {
+		if p.Name == "" || p.Map == nil || seen[p.Name] {
+			return nil, fmt.Errorf("%w: pool %q unnamed, without a map or named twice", ErrConfig, p.Name)
+		}
+		seen[p.Name] = true
+	}
+	if cfg.Events == nil {
+		cfg.Events = NewRing(0)
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = time.Second
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux()}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	ui, err := fs.Sub(uiFiles, "ui")
+	if err != nil {
+		return nil, err
+	}
+	static := http.FileServerFS(ui)
+	s.mux.Handle("GET /admin/", http.StripPrefix("/admin/", static))
+	s.mux.HandleFunc("GET /admin/api/pages", s.json(func(st *state) any { return st.Pages }))
+	s.mux.HandleFunc("GET /admin/api/tenants", s.json(func(st *state) any { return st.Tenants }))
+	s.mux.HandleFunc("GET /admin/api/events", s.events)
+	s.mux.HandleFunc("GET /admin/events", s.stream)
+	return s, nil
+}
+
+// Handler is the admin listener's handler: every path needs the admin key.
+func (s *Server) Handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		// The page is served to a browser: keep it from being framed,
+		// cached or made to run anything but its own files.
+		h.Set("Cache-Control", "no-store")
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("X-Frame-Options", "DENY")
+		h.Set("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'")
+		if !s.authorized(w, r) {
+			return
+		}
+		if r.URL.Path == "/" || r.URL.Path == "/admin" {
+			http.Redirect(w, r, "/admin/", http.StatusFound)
+			return
+		}
+		if !strings.HasPrefix(r.URL.Path, "/admin/") {
+			writeError(w, http.StatusNotFound, "not_found", "", "no such admin path: "+r.URL.Path)
+			return
+		}
+		s.mux.ServeHTTP(w, r)
+	})
+}
+
+// authorized checks the admin key: "Authorization: Bearer KEY" (the CLI,
+// curl) or HTTP Basic with KEY as the password (a browser, which then
+// sends it with the page's own fetch and EventSource requests).
+func (s *Server) authorized(w http.ResponseWriter, r *http.Request) bool {
+	key := ""
+	if user, pass, ok := r.BasicAuth(); ok {
+		key = cmpOr(pass, user)
+	} else if v, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+		key = strings.TrimSpace(v)
+	}
+	if key != "" {
+		d := sha256.Sum256([]byte(key))
+		match := 0
+		// Compare with every digest without stopping, so timing does not
+		// say which matched.
+		for _, h := range s.cfg.KeySHA256 {
+			match |= subtle.ConstantTimeCompare(d[:], h[:])
+		}
+		if match == 1 {
+			return true
+		}
+		if s.cfg.IsTenantKey != nil && s.cfg.IsTenantKey(key) {
+			s.log.Warn("admin: a tenant API key was refused on the admin listener", "remote", r.RemoteAddr, "path", r.URL.Path)
+			s.cfg.Events.Add(Event{Time: time.Now(), Level: slog.LevelWarn.String(),
+				Message: "admin: a tenant API key was refused on the admin listener",
+				Attrs:   map[string]string{"remote": r.RemoteAddr, "path": r.URL.Path}})
+			writeError(w, http.StatusForbidden, "permission_denied", "authorization", "a tenant API key cannot use the admin API; use an admin key")
+			return false
+		}
+	}
+	w.Header().Set("WWW-Authenticate", `Basic realm="pagewarden admin", charset="UTF-8"`)
+	msg := "missing admin key: send Authorization: Bearer KEY"
+	if key != "" {
+		msg = "invalid admin key"
+	}
+	writeError(w, http.StatusUnauthorized, "invalid_api_key", "authorization", msg)
+	return false
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// writeError sends an OpenAI-style error body.
+func writeError(w http.ResponseWriter, status int, code, param, msg string) {
+	type body struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    string  `json:"code"`
+	}
+	b := body{Message: msg, Type: "invalid_request_error", Code: code}
+	if status >= 500 {
+		b.Type = "server_error"
+	}
+	if param != "" {
+		b.Param = &param
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]body{"error": b})
+}
+
+// snapshotTimeout bounds how long a request waits for the scheduler
+// loops, which answer between two steps.
+const snapshotTimeout = 10 * time.Second
+
+// current returns a state no older than half the interval, taking a new
+// one (every pool's PageMap) when needed: several pages open at once cost
+// the scheduler loops one snapshot per interval, not one each.
+func (s *Server) current(ctx context.Context) *state {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.last != nil && time.Since(s.last.taken) < s.cfg.Interval/2 {
+		return s.last
+	}
+	ctx, cancel := context.WithTimeout(ctx, snapshotTimeout)
+	defer cancel()
+	maps := make([]namedMap, len(s.cfg.Pools))
+	var wg sync.WaitGroup
+	for i, p := range s.cfg.Pools {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m, err := p.Map(ctx)
+			maps[i] = namedMap{name: p.Name, m: m, err: err}
+		}()
+	}
+	wg.Wait()
+	s.last = build(time.Now(), maps)
+	return s.last
+}
+
+func (s *Server) json(part func(*state) any) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, part(s.current(r.Context())))
+	}
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// events serves the audit ring: ?since=SEQ gives only later events.
+func (s *Server) events(w http.ResponseWriter, r *http.Request) {
+	var since uint64
+	if v := r.URL.Query().Get("since"); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "invalid_value", "since", fmt.Sprintf("since %q: want an event number", v))
+			return
+		}
+		since = n
+	}
+	evs, _ := s.cfg.Events.Since(since)
+	writeJSON(w, EventList{Events: nonNil(evs)})
+}
+
+// EventList is the body of /admin/api/events.
+type EventList struct {
+	Events []Event `json:"events"`
+}
+
+func nonNil(e []Event) []Event {
+	if e == nil {
+		return []Event{}
+	}
+	return e
+}
+
+// keepAlive is how often an idle event stream sends a comment, so that
+// proxies do not close it.
+const keepAlive = 15 * time.Second
+
+// stream is /admin/events, server-sent events: "state" (the pages and
+// tenants, as /admin/api/pages and /admin/api/tenants) whenever it
+// changed, checked every interval, and "audit" for each new audit event,
+// with its Seq as the event id (a reconnecting EventSource sends it back
+// as Last-Event-ID and gets only what it missed).
+func (s *Server) stream(w http.ResponseWriter, r *http.Request) {
+	rc := http.NewResponseController(w)
+	var since uint64
+	if v := r.Header.Get("Last-Event-ID"); v != "" {
+		since, _ = strconv.ParseUint(v, 10, 64) // a bad id: resend the ring
+	}
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	tick := time.NewTicker(s.cfg.Interval)
+	defer tick.Stop()
+	var sent []byte
+	lastWrite := time.Now()
+	for {
+		if st := s.current(r.Context()); r.Context().Err() == nil {
+			body, _ := json.Marshal(StateEvent{Pages: st.Pages, Tenants: st.Tenants})
+			// Compared without the time stamps, which always change: an
+			// idle node sends nothing but keep-alives.
+			key, _ := json.Marshal(StateEvent{Pages: st.Pages.untimed(), Tenants: st.Tenants.untimed()})
+			if !bytes.Equal(key, sent) {
+				if writeEvent(w, "state", "", body) != nil {
+					return
+				}
+				sent, lastWrite = key, time.Now()
+			}
+		}
+		evs, changed := s.cfg.Events.Since(since)
+		for _, e := range evs {
+			body, _ := json.Marshal(e)
+			if writeEvent(w, "audit", strconv.FormatUint(e.Seq, 10), body) != nil {
+				return
+			}
+			since, lastWrite = e.Seq, time.Now()
+		}
+		if time.Since(lastWrite) >= keepAlive {
+			if _, err := fmt.Fprint(w, ": keep-alive\n\n"); err != nil {
+				return
+			}
+			lastWrite = time.Now()
+		}
+		if rc.Flush() != nil {
+			return
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-tick.C:
+		case <-changed:
+		}
+	}
+}
+
+// StateEvent is the data of a "state" event.
+type StateEvent struct {
+	Pages   PagesView   `json:"pages"`
+	Tenants TenantsView `json:"tenants"`
+}
+
+// writeEvent writes one SSE event. data is JSON, so it holds no newline
+// (encoding/json escapes them inside strings) and fits one data: line.
+func writeEvent(w http.ResponseWriter, name, id string, data []byte) error {
+	var b bytes.Buffer
+	if id != "" {
+		b.WriteString("id: " + id + "\n")
+	}
+	b.WriteString("event: " + name + "\n")
+	b.WriteString("data: ")
+	b.Write(data)
+	b.WriteString("\n\n")
+	_, err := w.Write(b.Bytes())
+	return err
+}
