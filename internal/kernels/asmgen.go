@@ -49,6 +49,10 @@ func main() {
 		kVNNI("Q4K", w)
 		kVNNI("Q6K", w)
 	}
+	for _, ka := range kAVX2Shapes {
+		kAVX2("Q4K", ka[0], ka[1])
+		kAVX2("Q6K", ka[0], ka[1])
+	}
 	for a := 1; a <= f32MaxA; a++ {
 		f32Kernel(a)
 	}
@@ -72,6 +76,11 @@ func main() {
 	}
 	for _, k := range []string{"Q8", "Q4"} {
 		fmt.Fprintf(&g, "//go:noescape\nfunc gemm%sAVX2(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, width int, out *float32)\n\n", k)
+	}
+	for _, ka := range kAVX2Shapes {
+		for _, k := range []string{"Q4K", "Q6K"} {
+			fmt.Fprintf(&g, "//go:noescape\nfunc gemm%sAVX2w%da%d(w *byte, xq *int8, xd *float32, xp *int32, nb, half int, out *float32)\n\n", k, ka[0], ka[1])
+		}
 	}
 	for a := 1; a <= f32MaxA; a++ {
 		fmt.Fprintf(&g, "//go:noescape\nfunc gemmF32x4x%d(w *float32, ws int, x *float32, xs int, k int, dst *float32, ds int)\n\n", a)
@@ -101,6 +110,11 @@ const f32MaxA = 6
 
 // Activation-group widths of the K-quant kernels (kGroupWidth in kgemm.go).
 var kWidths = []int{1, 4}
+
+// kAVX2Shapes are the AVX2 K-quant kernels: {group width, activations per
+// call}. Sixteen ymm registers hold four accumulators per activation, so
+// a call takes at most two rows of a group of four.
+var kAVX2Shapes = [][2]int{{1, 1}, {4, 2}}
 
 // qVNNI emits the 16-row x w-activation tile for Q8_0 or Q4_0 weights
 // against Q8_0 activations, AVX-512 VNNI, over ng consecutive 16-row
@@ -597,6 +611,178 @@ func kVNNI(kind string, w int) {
 	p("\tDECQ BX")
 	p("\tJNZ %s_group", name)
 	p("%s_done:", name)
+	p("\tVZEROUPPER")
+	p("\tRET")
+	p("")
+}
+
+// kAVX2 emits the AVX2 K-quant kernel: 8 weight rows (half of a 16-row
+// group: rows 8*half..8*half+7) x a activation rows (the first a rows of
+// the group of width w that xq, xd, xp point into) over nb super-blocks.
+//
+// VPMADDUBSW (unsigned weights x signed activations) gives 16-bit sums of
+// pairs, exact because weights are at most 63 (pair sums within
+// 2*63*127); VPMADDWD then widens to lane r = row r's dot product of 4
+// values. Registers: F_i = Y(i), isum_i = Y(2+i), msum/corr_i = Y(4+i),
+// acc_i = Y(6+i); Y8 weights, Y9 activations, Y10 product, Y11 scales,
+// Y12 16-bit ones, Y13 nibble mask, Y14/Y15 spare.
+func kAVX2(kind string, w, a int) {
+	name := fmt.Sprintf("gemm%sAVX2w%da%d", kind, w, a)
+	rec := 2368
+	if kind == "Q6K" {
+		rec = 4384
+	}
+	p("// func %s(w *byte, xq *int8, xd *float32, xp *int32, nb, half int, out *float32)", name)
+	p("//")
+	if kind == "Q4K" {
+		p("// Q4_K, 8 rows x %d activations of a group of %d. Per sub-block j the", a, w)
+		p("// 16-bit sums of its 8 steps stay exact (8*2*15*127 < 2^15); then")
+		p("// isum += scale_j * dot_j and msum += min pairs . bsum pairs")
+		p("// (VPMADDWD), acc += float32(d*isum) - float32(dmin*msum) with d,")
+		p("// dmin = fp16 * xd: dotQ4KRef's arithmetic, per row.")
+	} else {
+		p("// Q6_K, 8 rows x %d activations of a group of %d. Values are stored", a, w)
+		p("// +32; per 16-value group two steps are summed in 16 bits (exact:")
+		p("// 2*2*63*127 < 2^15) and widened, isum += scale_g * dot_g, corr +=")
+		p("// scale pairs . bsum pairs, then acc += float32(d*(isum - 32*corr)):")
+		p("// dotQ6KRef's arithmetic, per row.")
+	}
+	p("TEXT ·%s(SB), NOSPLIT, $0-56", name)
+	p("\tMOVQ w+0(FP), SI")
+	p("\tMOVQ xq+8(FP), DI")
+	p("\tMOVQ xd+16(FP), R9")
+	p("\tMOVQ xp+24(FP), R10")
+	p("\tMOVQ nb+32(FP), CX")
+	p("\tMOVQ half+40(FP), AX")
+	p("\tMOVQ out+48(FP), R11")
+	p("\tSHLQ $3, AX")
+	p("\tLEAQ (SI)(AX*1), R15 // per-row bytes: this half starts 8 bytes in")
+	p("\tLEAQ (SI)(AX*2), R14 // per-row 16-bit fields: 16 bytes in")
+	p("\tLEAQ (SI)(AX*4), SI  // per-row 4-byte groups: 32 bytes in")
+	p("\tVPBROADCASTD gemmones16<>(SB), Y12")
+	p("\tVPBROADCASTD gemmnib<>(SB), Y13")
+	for i := 0; i < a; i++ {
+		p("\tVXORPS Y%d, Y%d, Y%d", i, i, i)
+	}
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_store", name)
+	p("%s_loop:", name)
+	xoff := func(k4, i int) int { return k4*4*w + 4*i }
+	xpoff := func(pp, i int) int { return (pp*w + i) * 4 }
+	for i := 0; i < a; i++ {
+		p("\tVPXOR Y%d, Y%d, Y%d", 2+i, 2+i, 2+i)
+		p("\tVPXOR Y%d, Y%d, Y%d", 4+i, 4+i, 4+i)
+	}
+	if kind == "Q4K" {
+		for j := 0; j < 8; j++ {
+			c, hi := j/2, j%2
+			for t := 0; t < 8; t++ {
+				p("\tVMOVDQU %d(SI), Y8", (c*8+t)*64)
+				if hi == 1 {
+					p("\tVPSRLW $4, Y8, Y8")
+				}
+				p("\tVPAND Y13, Y8, Y8")
+				for i := 0; i < a; i++ {
+					p("\tVPBROADCASTD %d(DI), Y9", xoff(16*c+8*hi+t, i))
+					if t == 0 {
+						p("\tVPMADDUBSW Y9, Y8, Y%d", 6+i)
+						continue
+					}
+					p("\tVPMADDUBSW Y9, Y8, Y10")
+					p("\tVPADDW Y10, Y%d, Y%d", 6+i, 6+i)
+				}
+			}
+			p("\tVPMOVZXBD %d(R15), Y11", 2048+j*16)
+			for i := 0; i < a; i++ {
+				p("\tVPMADDWD Y12, Y%d, Y%d", 6+i, 6+i)
+				p("\tVPMULLD Y11, Y%d, Y%d", 6+i, 6+i)
+				p("\tVPADDD Y%d, Y%d, Y%d", 6+i, 2+i, 2+i)
+			}
+		}
+		for pp := 0; pp < 4; pp++ {
+			p("\tVPMOVZXBW %d(R14), Y8", 2176+pp*32)
+			for i := 0; i < a; i++ {
+				p("\tVPBROADCASTD %d(R10), Y9", xpoff(pp, i))
+				p("\tVPMADDWD Y9, Y8, Y10")
+				p("\tVPADDD Y10, Y%d, Y%d", 4+i, 4+i)
+			}
+		}
+		p("\tVCVTPH2PS 2304(R14), Y14")
+		p("\tVCVTPH2PS 2336(R14), Y15")
+		for i := 0; i < a; i++ {
+			p("\tVBROADCASTSS %d(R9), Y9", 4*i)
+			p("\tVCVTDQ2PS Y%d, Y%d", 2+i, 2+i)
+			p("\tVCVTDQ2PS Y%d, Y%d", 4+i, 4+i)
+			p("\tVMULPS Y9, Y14, Y10")
+			p("\tVMULPS Y10, Y%d, Y%d", 2+i, 2+i)
+			p("\tVMULPS Y9, Y15, Y10")
+			p("\tVMULPS Y10, Y%d, Y%d", 4+i, 4+i)
+			p("\tVSUBPS Y%d, Y%d, Y%d", 4+i, 2+i, 2+i)
+			p("\tVADDPS Y%d, Y%d, Y%d", 2+i, i, i)
+		}
+	} else {
+		for gp := 0; gp < 8; gp++ {
+			p("\tVPMOVSXBW %d(R14), Y11", 4096+gp*32)
+			for i := 0; i < a; i++ {
+				p("\tVPBROADCASTD %d(R10), Y9", xpoff(gp, i))
+				p("\tVPMADDWD Y9, Y11, Y10")
+				p("\tVPADDD Y10, Y%d, Y%d", 4+i, 4+i)
+			}
+			for h := 0; h < 2; h++ {
+				for tp := 0; tp < 2; tp++ {
+					k4 := 8*gp + 4*h + 2*tp
+					p("\tVMOVDQU %d(SI), Y8", k4*64)
+					p("\tVMOVDQU %d(SI), Y14", (k4+1)*64)
+					for i := 0; i < a; i++ {
+						p("\tVPBROADCASTD %d(DI), Y9", xoff(k4, i))
+						p("\tVPMADDUBSW Y9, Y8, Y10")
+						p("\tVPBROADCASTD %d(DI), Y9", xoff(k4+1, i))
+						p("\tVPMADDUBSW Y9, Y14, Y9")
+						p("\tVPADDW Y9, Y10, Y10")
+						if tp == 0 {
+							p("\tVPMADDWD Y12, Y10, Y%d", 6+i)
+						} else {
+							p("\tVPMADDWD Y12, Y10, Y10")
+							p("\tVPADDD Y10, Y%d, Y%d", 6+i, 6+i)
+						}
+					}
+				}
+				// The scale of group 2gp+h: the low or high signed word.
+				if h == 0 {
+					p("\tVPSLLD $16, Y11, Y15")
+					p("\tVPSRAD $16, Y15, Y15")
+				} else {
+					p("\tVPSRAD $16, Y11, Y15")
+				}
+				for i := 0; i < a; i++ {
+					p("\tVPMULLD Y15, Y%d, Y%d", 6+i, 6+i)
+					p("\tVPADDD Y%d, Y%d, Y%d", 6+i, 2+i, 2+i)
+				}
+			}
+		}
+		p("\tVCVTPH2PS 4352(R14), Y14")
+		for i := 0; i < a; i++ {
+			p("\tVPSLLD $5, Y%d, Y%d", 4+i, 4+i)
+			p("\tVPSUBD Y%d, Y%d, Y%d", 4+i, 2+i, 2+i)
+			p("\tVCVTDQ2PS Y%d, Y%d", 2+i, 2+i)
+			p("\tVBROADCASTSS %d(R9), Y9", 4*i)
+			p("\tVMULPS Y9, Y14, Y10")
+			p("\tVMULPS Y10, Y%d, Y%d", 2+i, 2+i)
+			p("\tVADDPS Y%d, Y%d, Y%d", 2+i, i, i)
+		}
+	}
+	p("\tADDQ $%d, SI", rec)
+	p("\tADDQ $%d, R14", rec)
+	p("\tADDQ $%d, R15", rec)
+	p("\tADDQ $%d, DI", 256*w)
+	p("\tADDQ $%d, R9", 4*w)
+	p("\tADDQ $%d, R10", 32*w)
+	p("\tDECQ CX")
+	p("\tJNZ %s_loop", name)
+	p("%s_store:", name)
+	for i := 0; i < a; i++ {
+		p("\tVMOVUPS Y%d, %d(R11)", i, 64*i)
+	}
 	p("\tVZEROUPPER")
 	p("\tRET")
 	p("")

@@ -10,11 +10,13 @@ import (
 // Benchmarks report GB/s of weight bytes (b.SetBytes), so a memory-bound
 // kernel can be compared directly with the machine's read bandwidth, and
 // MatMul also GFLOP/s (2*rows*cols*n per call), for compute-bound batches. Each
-// case runs the dispatched implementation ("simd") and the plain-Go
-// reference ("ref") in the same run; F32 also runs "dots", one dot product
-// per output as before the tiled kernels. Example:
+// case runs every kernel tier this machine has (forced, as
+// PAGEWARDEN_KERNELS does: "avx2" next to "avx512vnni" on an AVX-512
+// machine) and the plain-Go reference ("ref") in the same run; F32 also
+// runs "dots", one dot product per output as before the tiled kernels.
+// Example:
 //
-//	go test ./internal/kernels -run '^$' -bench 'MatMul/Q8_0/2048x2048/n1' -benchtime 20x
+//	go test ./internal/kernels -run '^$' -bench 'MatMul/Q4_K/2048x2048/n1/' -benchtime 20x
 
 var benchShapes = [][2]int{{576, 576}, {1536, 576}, {2048, 2048}, {5632, 2048}}
 
@@ -67,7 +69,7 @@ func BenchmarkMatMul(b *testing.B) {
 			for _, n := range []int{1, 8, 128} {
 				x := randF32(rng, n*cols)
 				dst := make([]float32, n*rows)
-				for _, impl := range []string{"simd", "dots", "ref"} {
+				for _, impl := range append(Tiers(), "dots") {
 					if impl == "ref" && n > 8 {
 						continue // minutes per shape; ref is the oracle, not a contender
 					}
@@ -77,15 +79,16 @@ func BenchmarkMatMul(b *testing.B) {
 					for _, threads := range []int{1, 2} {
 						name := fmt.Sprintf("%s/%dx%d/n%d/%s/t%d", typ, rows, cols, n, impl, threads)
 						b.Run(name, func(b *testing.B) {
-							switch impl {
-							case "ref":
-								defer useRef()()
-							case "dots":
+							best := Implementation()
+							defer SetTier(best)
+							if impl == "dots" {
 								// F32 as before the tiled kernels: one
-								// dot per output.
+								// dot per output, best tier's dot.
 								saved := gemmF32Impl
 								gemmF32Impl = gemmF32Generic
 								defer func() { gemmF32Impl = saved }()
+							} else if err := SetTier(impl); err != nil {
+								b.Fatal(err)
 							}
 							b.SetBytes(int64(m.Bytes()))
 							b.ReportAllocs()
@@ -128,6 +131,37 @@ func BenchmarkQTile(b *testing.B) {
 					b.ReportAllocs()
 					for b.Loop() {
 						v.fn(typ, width, 1, m.qw, m.qd, xq, xd, xc, out)
+					}
+					b.ReportMetric(float64(qRows*cols*width)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GMAC/s")
+				})
+			}
+		}
+	}
+}
+
+// BenchmarkKTile runs the packed Q4_K/Q6_K tile kernels of every tier on
+// cache-resident data (one 16-row weight group of 2048 columns).
+func BenchmarkKTile(b *testing.B) {
+	rng := newRand(23)
+	const cols = 2048
+	nb := cols / qkK
+	for _, typ := range []quant.Type{quant.Q4_K, quant.Q6_K} {
+		m, err := NewMatrix(typ, qRows, cols, randWeights(rng, typ, qRows, cols))
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, width := range []int{1, 4} {
+			x := randF32(rng, width*cols)
+			xq, xd, xp := make([]int8, width*cols), make([]float32, width*nb), make([]int32, width*nb*8)
+			for i := 0; i < width; i++ {
+				quantizeQ8KPacked(typ, x[i*cols:(i+1)*cols], width, i, xq, xd, xp)
+			}
+			out := make([]float32, width*qRows)
+			for _, v := range kTileVariants {
+				b.Run(fmt.Sprintf("%s/w%d/%s", typ, width, v.name), func(b *testing.B) {
+					b.ReportAllocs()
+					for b.Loop() {
+						v.fn(typ, width, 1, m.kw, xq, xd, xp, out)
 					}
 					b.ReportMetric(float64(qRows*cols*width)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GMAC/s")
 				})

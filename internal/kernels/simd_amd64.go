@@ -85,6 +85,7 @@ func init() {
 		f16ToF32sVariants = append(f16ToF32sVariants, variant[func(dst []float32, src []uint16)]{"avx2", f16ToF32sAVX2Go})
 		qTileVariants = append(qTileVariants, variant[qTileFn]{"avx2", qTileAVX2})
 		gemmF32Variants = append(gemmF32Variants, variant[gemmF32Fn]{"avx2", gemmF32Generic})
+		kTileVariants = append(kTileVariants, variant[kTileFn]{"avx2", kTileAVX2})
 	}
 	if hasAVX512 {
 		dotVariants = append(dotVariants, variant[func(a, b []float32) float32]{"avx512", dotAVX512})
@@ -366,5 +367,45 @@ func softmaxAVX512(x []float32) {
 	inv := float32(1 / sum)
 	for i := range x {
 		x[i] *= inv
+	}
+}
+
+// kTileAVX2 runs the AVX2 K-quant kernels: each call covers one half (8
+// rows) of a 16-row weight group and one or two activation rows, so every
+// output is computed with kTileRef's arithmetic, independently of the
+// others.
+func kTileAVX2(t quant.Type, width, ng int, w []byte, xq []int8, xd []float32, xp []int32, out []float32) {
+	if ng <= 0 {
+		return
+	}
+	rec := kRecBytes(t)
+	nb := len(w) / (rec * ng)
+	out = out[:ng*width*qRows]
+	if nb == 0 {
+		clear(out)
+		return
+	}
+	w, xq, xd, xp = w[:ng*nb*rec], xq[:nb*qkK*width], xd[:nb*width], xp[:nb*8*width]
+	var k func(w *byte, xq *int8, xd *float32, xp *int32, nb, half int, out *float32)
+	a := 1
+	q6 := t == quant.Q6_K
+	switch {
+	case width == 1 && q6:
+		k = gemmQ6KAVX2w1a1
+	case width == 1:
+		k = gemmQ4KAVX2w1a1
+	case width == 4 && q6:
+		k, a = gemmQ6KAVX2w4a2, 2
+	case width == 4:
+		k, a = gemmQ4KAVX2w4a2, 2
+	default:
+		panic("kernels: no AVX2 K-quant kernel for this group width")
+	}
+	for g := 0; g < ng; g++ {
+		for i := 0; i < width; i += a {
+			for h := 0; h < 2; h++ {
+				k(&w[g*nb*rec], &xq[4*i], &xd[i], &xp[i], nb, h, &out[(g*width+i)*qRows+8*h])
+			}
+		}
 	}
 }
