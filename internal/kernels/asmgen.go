@@ -45,6 +45,10 @@ func main() {
 	}
 	qAVX2("Q8")
 	qAVX2("Q4")
+	for _, qa := range qAVX2Shapes {
+		qAVX2Multi("Q8", qa[0], qa[1])
+		qAVX2Multi("Q4", qa[0], qa[1])
+	}
 	for _, w := range kWidths {
 		kVNNI("Q4K", w)
 		kVNNI("Q6K", w)
@@ -76,6 +80,11 @@ func main() {
 	}
 	for _, k := range []string{"Q8", "Q4"} {
 		fmt.Fprintf(&g, "//go:noescape\nfunc gemm%sAVX2(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, width int, out *float32)\n\n", k)
+	}
+	for _, qa := range qAVX2Shapes {
+		for _, k := range []string{"Q8", "Q4"} {
+			fmt.Fprintf(&g, "//go:noescape\nfunc gemm%sAVX2w%da%d(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, half int, out *float32)\n\n", k, qa[0], qa[1])
+		}
 	}
 	for _, ka := range kAVX2Shapes {
 		for _, k := range []string{"Q4K", "Q6K"} {
@@ -115,6 +124,10 @@ var kWidths = []int{1, 4}
 // call}. Sixteen ymm registers hold four accumulators per activation, so
 // a call takes at most two rows of a group of four.
 var kAVX2Shapes = [][2]int{{1, 1}, {4, 2}}
+
+// qAVX2Shapes are the AVX2 Q8_0/Q4_0 kernels for groups of several
+// activation rows: {group width, activations per call}.
+var qAVX2Shapes = [][2]int{{4, 4}, {8, 4}}
 
 // qVNNI emits the 16-row x w-activation tile for Q8_0 or Q4_0 weights
 // against Q8_0 activations, AVX-512 VNNI, over ng consecutive 16-row
@@ -777,6 +790,114 @@ func kAVX2(kind string, w, a int) {
 	p("\tADDQ $%d, DI", 256*w)
 	p("\tADDQ $%d, R9", 4*w)
 	p("\tADDQ $%d, R10", 32*w)
+	p("\tDECQ CX")
+	p("\tJNZ %s_loop", name)
+	p("%s_store:", name)
+	for i := 0; i < a; i++ {
+		p("\tVMOVUPS Y%d, %d(R11)", i, 64*i)
+	}
+	p("\tVZEROUPPER")
+	p("\tRET")
+	p("")
+}
+
+// qAVX2Multi emits the AVX2 Q8_0/Q4_0 kernel for prefill: 8 weight rows
+// (rows 8*half.. of a 16-row group) x a activation rows (the first a of
+// the group of width w that xq, xd, xc point into) over nb blocks, so each
+// weight vector loaded meets a activations. Registers: F_i = Y(i), I_i =
+// Y(4+i); Y8 weights, Y9 |weights|, Y10 activations, Y11 product, Y12
+// 16-bit ones, Y13 nibble mask, Y14 weight scales, Y15 scale product.
+func qAVX2Multi(kind string, w, a int) {
+	name := fmt.Sprintf("gemm%sAVX2w%da%d", kind, w, a)
+	p("// func %s(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, half int, out *float32)", name)
+	p("//")
+	if kind == "Q8" {
+		p("// Q8_0, 8 rows x %d activations of a group of %d: VPMADDUBSW of |w| and", a, w)
+		p("// x with w's sign (pair sums within 2*128*127), widened per step;")
+		p("// then F_i += float(I_i) * (f16(wd) * xd_i) per block: qTileRef's")
+		p("// arithmetic. xc is unused.")
+	} else {
+		p("// Q4_0, 8 rows x %d activations of a group of %d: the nibbles are", a, w)
+		p("// unsigned (value+8), so a block's 8 steps sum exactly in 16 bits")
+		p("// (8*2*15*127 < 2^15), are widened once and start from xc =")
+		p("// -8*sum(x); then F_i += float(I_i) * (f16(wd) * xd_i) per block.")
+	}
+	p("TEXT ·%s(SB), NOSPLIT, $0-64", name)
+	p("\tMOVQ w+0(FP), SI")
+	p("\tMOVQ wd+8(FP), R8")
+	p("\tMOVQ xq+16(FP), DI")
+	p("\tMOVQ xd+24(FP), R9")
+	p("\tMOVQ xc+32(FP), R10")
+	p("\tMOVQ nb+40(FP), CX")
+	p("\tMOVQ half+48(FP), AX")
+	p("\tMOVQ out+56(FP), R11")
+	p("\tSHLQ $4, AX")
+	p("\tADDQ AX, R8 // this half's 8 fp16 scales")
+	p("\tLEAQ (SI)(AX*2), SI // this half's 8 rows of each 4-byte step")
+	p("\tVPBROADCASTD gemmones16<>(SB), Y12")
+	p("\tVPBROADCASTD gemmnib<>(SB), Y13")
+	for i := 0; i < a; i++ {
+		p("\tVXORPS Y%d, Y%d, Y%d", i, i, i)
+	}
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_store", name)
+	p("%s_loop:", name)
+	xoff := func(k4, i int) int { return k4*4*w + 4*i }
+	if kind == "Q8" {
+		for k4 := 0; k4 < 8; k4++ {
+			p("\tVMOVDQU %d(SI), Y8", 64*k4)
+			p("\tVPABSB Y8, Y9")
+			for i := 0; i < a; i++ {
+				p("\tVPBROADCASTD %d(DI), Y10", xoff(k4, i))
+				p("\tVPSIGNB Y8, Y10, Y10")
+				p("\tVPMADDUBSW Y10, Y9, Y11")
+				if k4 == 0 {
+					p("\tVPMADDWD Y12, Y11, Y%d", 4+i)
+				} else {
+					p("\tVPMADDWD Y12, Y11, Y11")
+					p("\tVPADDD Y11, Y%d, Y%d", 4+i, 4+i)
+				}
+			}
+		}
+		p("\tADDQ $512, SI")
+	} else {
+		for j := 0; j < 4; j++ {
+			p("\tVMOVDQU %d(SI), Y8", 64*j)
+			p("\tVPSRLW $4, Y8, Y9")
+			p("\tVPAND Y13, Y8, Y8")
+			p("\tVPAND Y13, Y9, Y9")
+			for i := 0; i < a; i++ {
+				p("\tVPBROADCASTD %d(DI), Y10", xoff(j, i))
+				if j == 0 {
+					p("\tVPMADDUBSW Y10, Y8, Y%d", 4+i)
+				} else {
+					p("\tVPMADDUBSW Y10, Y8, Y11")
+					p("\tVPADDW Y11, Y%d, Y%d", 4+i, 4+i)
+				}
+				p("\tVPBROADCASTD %d(DI), Y10", xoff(j+4, i))
+				p("\tVPMADDUBSW Y10, Y9, Y11")
+				p("\tVPADDW Y11, Y%d, Y%d", 4+i, 4+i)
+			}
+		}
+		for i := 0; i < a; i++ {
+			p("\tVPMADDWD Y12, Y%d, Y%d", 4+i, 4+i)
+			p("\tVPBROADCASTD %d(R10), Y11", 4*i)
+			p("\tVPADDD Y11, Y%d, Y%d", 4+i, 4+i)
+		}
+		p("\tADDQ $256, SI")
+	}
+	p("\tVCVTPH2PS (R8), Y14")
+	for i := 0; i < a; i++ {
+		p("\tVBROADCASTSS %d(R9), Y15", 4*i)
+		p("\tVMULPS Y15, Y14, Y15")
+		p("\tVCVTDQ2PS Y%d, Y%d", 4+i, 4+i)
+		p("\tVMULPS Y15, Y%d, Y%d", 4+i, 4+i)
+		p("\tVADDPS Y%d, Y%d, Y%d", 4+i, i, i)
+	}
+	p("\tADDQ $32, R8")
+	p("\tADDQ $%d, DI", 32*w)
+	p("\tADDQ $%d, R9", 4*w)
+	p("\tADDQ $%d, R10", 4*w)
 	p("\tDECQ CX")
 	p("\tJNZ %s_loop", name)
 	p("%s_store:", name)

@@ -41,6 +41,18 @@ func gemmQ8AVX2(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, width
 func gemmQ4AVX2(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, width int, out *float32)
 
 //go:noescape
+func gemmQ8AVX2w4a4(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, half int, out *float32)
+
+//go:noescape
+func gemmQ4AVX2w4a4(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, half int, out *float32)
+
+//go:noescape
+func gemmQ8AVX2w8a4(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, half int, out *float32)
+
+//go:noescape
+func gemmQ4AVX2w8a4(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, half int, out *float32)
+
+//go:noescape
 func gemmQ4KAVX2w1a1(w *byte, xq *int8, xd *float32, xp *int32, nb, half int, out *float32)
 
 //go:noescape

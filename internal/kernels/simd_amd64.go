@@ -207,7 +207,9 @@ func qTileVNNI(t quant.Type, width, ng int, w []byte, wd []uint16, xq []int8, xd
 	k(&w[0], &wd[0], &xq[0], &xd[0], &xc[0], nb, ng, &out[0])
 }
 
-// qTileAVX2 runs the AVX2 one-activation kernel for each group and row.
+// qTileAVX2 runs the AVX2 tile kernels: for one activation row the
+// 16-row kernel, for groups of 4 or 8 the 8-row kernels that share each
+// weight load among 4 activation rows.
 func qTileAVX2(t quant.Type, width, ng int, w []byte, wd []uint16, xq []int8, xd []float32, xc []int32, out []float32) {
 	if ng <= 0 {
 		return
@@ -220,13 +222,35 @@ func qTileAVX2(t quant.Type, width, ng int, w []byte, wd []uint16, xq []int8, xd
 	}
 	gb := qGroupBytes(t)
 	w, wd, xq, xd, xc = w[:ng*nb*gb], wd[:ng*nb*qRows], xq[:nb*qk8*width], xd[:nb*width], xc[:nb*width]
-	k := gemmQ8AVX2
-	if t == quant.Q4_0 {
-		k = gemmQ4AVX2
+	q4 := t == quant.Q4_0
+	if width == 1 {
+		k := gemmQ8AVX2
+		if q4 {
+			k = gemmQ4AVX2
+		}
+		for g := 0; g < ng; g++ {
+			k(&w[g*nb*gb], &wd[g*nb*qRows], &xq[0], &xd[0], &xc[0], nb, width, &out[g*qRows])
+		}
+		return
+	}
+	var k func(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, half int, out *float32)
+	switch {
+	case width == 4 && q4:
+		k = gemmQ4AVX2w4a4
+	case width == 4:
+		k = gemmQ8AVX2w4a4
+	case width == 8 && q4:
+		k = gemmQ4AVX2w8a4
+	case width == 8:
+		k = gemmQ8AVX2w8a4
+	default:
+		panic("kernels: no AVX2 tile kernel for this group width")
 	}
 	for g := 0; g < ng; g++ {
-		for i := 0; i < width; i++ {
-			k(&w[g*nb*gb], &wd[g*nb*qRows], &xq[4*i], &xd[i], &xc[i], nb, width, &out[(g*width+i)*qRows])
+		for i := 0; i < width; i += 4 {
+			for h := 0; h < 2; h++ {
+				k(&w[g*nb*gb], &wd[g*nb*qRows], &xq[4*i], &xd[i], &xc[i], nb, h, &out[(g*width+i)*qRows+8*h])
+			}
 		}
 	}
 }
