@@ -55,13 +55,30 @@ type Tenant struct {
 
 // Config is the tenant configuration file.
 //
+//	admin_key_sha256: ["<64 hex digits>"]
 //	tenants:
 //	  - id: acme
 //	    api_key_sha256: ["<64 hex digits>"]
 //	    limits: {requests_per_minute: 600, tokens_per_minute: 200000,
 //	             max_concurrent: 8, max_kv_pages: 4096, priority: 1}
 type Config struct {
-	Tenants []Tenant `yaml:"tenants"`
+	// AdminKeySHA256 are the hex SHA-256 digests of the keys that open the
+	// admin listener (serve --admin-listen). They are never tenant keys:
+	// a digest listed for a tenant too is refused.
+	AdminKeySHA256 []string `yaml:"admin_key_sha256"`
+	Tenants        []Tenant `yaml:"tenants"`
+}
+
+// AdminKeys returns the digests of the admin keys (the config was
+// validated, so each parses).
+func (c *Config) AdminKeys() [][32]byte {
+	var out [][32]byte
+	for _, h := range c.AdminKeySHA256 {
+		if d, err := parseHash(h); err == nil {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 var tenantIDRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
@@ -99,6 +116,15 @@ func (c *Config) Validate() error {
 		l := t.Limits
 		if l.RequestsPerMinute < 0 || l.TokensPerMinute < 0 || l.MaxConcurrent < 0 || l.MaxKVPages < 0 {
 			return fmt.Errorf("%w: tenant %q: limits must not be negative", ErrInvalidConfig, t.ID)
+		}
+	}
+	for i, h := range c.AdminKeySHA256 {
+		d, err := parseHash(h)
+		if err != nil {
+			return fmt.Errorf("%w: admin_key_sha256 %d: %v", ErrInvalidConfig, i, err)
+		}
+		if t, dup := keys[d]; dup {
+			return fmt.Errorf("%w: admin_key_sha256 %d is also a key of tenant %q: an admin key must not be a tenant key", ErrInvalidConfig, i, t)
 		}
 	}
 	return nil

@@ -1,6 +1,7 @@
 package tenants
 
 import (
+	"crypto/sha256"
 	"errors"
 	"strings"
 	"testing"
@@ -205,5 +206,27 @@ func TestNegativeChargeRefused(t *testing.T) {
 	}
 	if _, err := r.Acquire(now, "a", 90, 1); err == nil {
 		t.Fatal("the bucket was refilled by a refused charge")
+	}
+}
+
+// TestAdminKeys: admin key digests parse and are kept apart from tenant
+// keys.
+func TestAdminKeys(t *testing.T) {
+	h3 := HashKey("admin")
+	cfg, err := Parse(strings.NewReader("admin_key_sha256: [" + h3 + "]\ntenants:\n  - id: a\n    api_key_sha256: [" + h1 + "]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if keys := cfg.AdminKeys(); len(keys) != 1 || keys[0] != sha256.Sum256([]byte("admin")) {
+		t.Fatalf("admin keys %x", keys)
+	}
+	for name, src := range map[string]string{
+		"tenant key as admin key": "admin_key_sha256: [" + h1 + "]\ntenants:\n  - id: a\n    api_key_sha256: [" + h1 + "]",
+		"short admin hash":        "admin_key_sha256: [abc]\ntenants:\n  - id: a\n    api_key_sha256: [" + h1 + "]",
+		"misspelt field":          "admin_keys_sha256: [" + h3 + "]\ntenants:\n  - id: a\n    api_key_sha256: [" + h1 + "]",
+	} {
+		if _, err := Parse(strings.NewReader(src)); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("%s: err = %v", name, err)
+		}
 	}
 }
