@@ -1,0 +1,117 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/pagewarden/pagewarden/internal/admin"
+	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
+)
+
+func adminGet(t *testing.T, url, key string) (int, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url, nil)
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// TestServeAdmin: --admin-listen serves the page map of every node of
+// serve (a prefill and a decode node, or one with --colocated) to the
+// admin key of the config or of --admin-key, and refuses tenant keys.
+func TestServeAdmin(t *testing.T) {
+	const tenantKey, adminKey, flagKey = "pw-tenant-key", "pw-admin-key", "pw-flag-admin-key"
+	config := filepath.Join(t.TempDir(), "tenants.yaml")
+	yaml := "admin_key_sha256: [" + tenants.HashKey(adminKey) + "]\ntenants:\n  - id: acme\n    api_key_sha256: [" + tenants.HashKey(tenantKey) + "]\n"
+	if err := os.WriteFile(config, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		key   string
+		pools []string
+	}{
+		{"config key, prefill and decode", []string{"--config", config}, adminKey, []string{"prefill-0", "decode-0"}},
+		{"flag key, colocated", []string{"--config", config, "--admin-key", flagKey, "--colocated"}, flagKey, []string{"node"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			api, stderr := serve(t, append([]string{"--admin-listen", "127.0.0.1:0"}, tc.args...)...)
+			m := regexp.MustCompile(`admin on (http://\S+)/admin/`).FindStringSubmatch(stderr)
+			if m == nil {
+				t.Fatalf("no admin listener announced:\n%s", stderr)
+			}
+			base := m[1]
+			if base == api {
+				t.Fatal("admin on the API listener")
+			}
+			if code, _ := adminGet(t, base+"/admin/api/pages", tenantKey); code != http.StatusForbidden {
+				t.Errorf("tenant key: %d, want 403", code)
+			}
+			if code, _ := adminGet(t, base+"/admin/api/pages", ""); code != http.StatusUnauthorized {
+				t.Errorf("no key: %d, want 401", code)
+			}
+			if code, _ := adminGet(t, api+"/admin/api/pages", tc.key); code == http.StatusOK {
+				t.Error("the admin API answers on the API listener")
+			}
+			code, body := adminGet(t, base+"/admin/api/pages", tc.key)
+			var pages admin.PagesView
+			if code != http.StatusOK || json.Unmarshal(body, &pages) != nil {
+				t.Fatalf("pages: %d %s", code, body)
+			}
+			var names []string
+			for _, n := range pages.Nodes {
+				names = append(names, n.Name)
+				if n.Error != "" || n.TotalPages == 0 || n.Counts["free"] != n.TotalPages {
+					t.Errorf("node %s: %+v", n.Name, n)
+				}
+			}
+			if strings.Join(names, ",") != strings.Join(tc.pools, ",") {
+				t.Errorf("pools %v, want %v", names, tc.pools)
+			}
+			if code, body := adminGet(t, base+"/admin/", tc.key); code != http.StatusOK || !strings.Contains(string(body), "page map") {
+				t.Errorf("page: %d", code)
+			}
+		})
+	}
+}
+
+// TestServeAdminRefused: an admin listener with no admin key, a tenant's
+// key as admin key, or an admin key with no listener, stop the start.
+func TestServeAdminRefused(t *testing.T) {
+	const tenantKey = "pw-tenant-key"
+	config := filepath.Join(t.TempDir(), "tenants.yaml")
+	if err := os.WriteFile(config, []byte("tenants:\n  - id: acme\n    api_key_sha256: ["+tenants.HashKey(tenantKey)+"]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for name, tc := range map[string]struct {
+		args []string
+		want string
+	}{
+		"no admin key":       {[]string{"--admin-listen", "127.0.0.1:0"}, "needs an admin key"},
+		"tenant key":         {[]string{"--admin-listen", "127.0.0.1:0", "--admin-key", tenantKey}, "is a tenant's API key"},
+		"key but no address": {[]string{"--admin-key", "pw-x"}, "without --admin-listen"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var stderr syncBuffer
+			args := append([]string{"serve", "--model", "builtin:tiny", "--colocated", "--listen", "127.0.0.1:0", "--metrics-listen=", "--config", config}, tc.args...)
+			if code := Main(context.Background(), args, io.Discard, &stderr); code != 2 || !strings.Contains(stderr.String(), tc.want) {
+				t.Errorf("exit %d, want 2 with %q:\n%s", code, tc.want, stderr.String())
+			}
+		})
+	}
+}
