@@ -138,6 +138,7 @@ func serveCmd() *cobra.Command {
 	var maxBody int64
 	var reapAfter time.Duration
 	var colocated bool
+	var af adminFlags // admin.go
 	var lg logFlags
 	var apiKey string
 	var sf servedFlags
@@ -210,7 +211,7 @@ that long.`,
 					Customer: tn.CacheNamespace}
 			}
 			o.PolicyGeneration = policies.Generation
-			o.Logger = logger
+			o.Logger = af.audit(logger) // the nodes' audit lines also feed the admin page
 			m, err := nf.load()
 			if err != nil {
 				return err
@@ -224,7 +225,7 @@ that long.`,
 			if !colocated {
 				// A prefill and a decode node in this process, linked by
 				// the same framing, handshake and checks as across hosts.
-				l, err := disagg.StartLocal(m, disagg.LocalConfig{Node: o, Logger: logger, ShareKV: true})
+				l, err := disagg.StartLocal(m, disagg.LocalConfig{Node: o, Logger: o.Logger, ShareKV: true})
 				if err != nil {
 					return err
 				}
@@ -253,6 +254,11 @@ that long.`,
 				return err
 			}
 			defer stopMetrics()
+			stopAdmin, err := af.start(cmd, tcfg, policies, backend, nil, logger)
+			if err != nil {
+				return err
+			}
+			defer stopAdmin()
 			if metricsOnAPI {
 				logger.Warn("--metrics-on-api: /metrics on the API listener shows every tenant's id and traffic to anyone who can reach it")
 			} else if metricsListen == "" {
@@ -299,6 +305,7 @@ that long.`,
 	lg.register(c)
 	registerAPIKey(c, &apiKey)
 	sf.register(c)
+	af.register(c)
 	c.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address to serve on")
 	c.Flags().StringVar(&configPath, "config", "", "tenant configuration (YAML); reloaded on SIGHUP")
 	c.Flags().StringVar(&metricsListen, "metrics-listen", defaultMetricsListen,
