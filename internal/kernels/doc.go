@@ -40,6 +40,13 @@
 //     of any size, on any number of threads (for F32 the column chunks and
 //     the summation tree depend on the column count alone). A sequence's
 //     logits therefore never depend on which other sequences share a step.
+//   - Weight types: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
+//     Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS (Supports). Q5_0 and IQ4_NL are
+//     repacked as Q8_0 and Q4_1/Q5_1 as Q8_0 plus per-block mins, so they
+//     run on the Q8_0 kernels of every tier with ggml's bits (Q4_1/Q5_1
+//     meet Q8_1 activations: Q8_0's plus s = fp16(d*sum)); Q2_K, Q3_K,
+//     Q5_K and IQ4_XS take the plain-Go references, which follow ggml's
+//     generic vec_dot bit for bit (matrix_ext.go, ref_ext.go).
 //   - A Matrix repacks quantised weights at load time: rows are
 //     interleaved 16 at a time so a group's product reads one sequential
 //     stream. Q8_0, Q4_0 and Q4_K keep their size (within 3%); Q6_K grows by

@@ -71,6 +71,29 @@ func randWeights(rng *rand.Rand, t quant.Type, rows, cols int) []byte {
 		for o := 0; o < len(b); o += 210 {
 			scale(o+208, 0.001)
 		}
+	case quant.Q4_1, quant.Q5_1: // d, then the min
+		for o := 0; o < len(b); o += t.BlockBytes() {
+			scale(o, 0.01)
+			scale(o+2, -0.1)
+		}
+	case quant.Q5_0, quant.IQ4_NL, quant.IQ4_XS:
+		for o := 0; o < len(b); o += t.BlockBytes() {
+			scale(o, 0.01)
+		}
+	case quant.Q5_K:
+		for o := 0; o < len(b); o += 176 {
+			scale(o, 0.01)
+			scale(o+2, 0.005)
+		}
+	case quant.Q3_K:
+		for o := 0; o < len(b); o += 110 {
+			scale(o+108, 0.01)
+		}
+	case quant.Q2_K:
+		for o := 0; o < len(b); o += 84 {
+			scale(o+80, 0.01)
+			scale(o+82, 0.005)
+		}
 	}
 	return b
 }

@@ -27,6 +27,7 @@ var (
 // their own memory.
 type Matrix struct {
 	typ        quant.Type
+	kind       quant.Type // the type whose kernels compute the product (matrix_ext.go)
 	rows, cols int
 	rowBytes   int // GGML bytes per row
 
@@ -41,20 +42,24 @@ type Matrix struct {
 
 	// Q4_K and Q6_K, repacked into 16-row groups (kgemm.go).
 	kw []byte
+
+	// Q4_1 and Q5_1: each block's fp16 min as float32, block-major
+	// (matrix_ext.go); their quants are in qw/qd, block-major too.
+	qm []float32
+	// Types products take in plain Go over the GGML bytes (matrix_ext.go).
+	raw []byte
 }
 
 // NewMatrix prepares rows x cols weights of type t from GGML row-major
 // bytes. It fails if the shape is not positive, cols is not a multiple of
 // the type's block size, the type is not one the kernels compute with
-// (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K), or len(data) is not exactly
-// rows * RowBytes(t, cols).
+// (Supports, WeightTypes), or len(data) is not exactly rows *
+// RowBytes(t, cols).
 func NewMatrix(t quant.Type, rows, cols int, data []byte) (*Matrix, error) {
 	if rows <= 0 || cols <= 0 {
 		return nil, fmt.Errorf("%w: %d x %d", ErrShape, rows, cols)
 	}
-	switch t {
-	case quant.F32, quant.F16, quant.BF16, quant.Q8_0, quant.Q4_0, quant.Q4_K, quant.Q6_K:
-	default:
+	if !Supports(t) {
 		return nil, fmt.Errorf("%w: %s", ErrUnsupported, t)
 	}
 	rb, err := quant.RowBytes(t, cols)
@@ -67,7 +72,7 @@ func NewMatrix(t quant.Type, rows, cols int, data []byte) (*Matrix, error) {
 	if len(data) != rows*rb {
 		return nil, fmt.Errorf("%w: %s %d x %d needs %d bytes, got %d", ErrDataSize, t, rows, cols, rows*rb, len(data))
 	}
-	m := &Matrix{typ: t, rows: rows, cols: cols, rowBytes: rb}
+	m := &Matrix{typ: t, kind: t, rows: rows, cols: cols, rowBytes: rb}
 	switch t {
 	case quant.F32:
 		m.f32 = viewF32(data)
@@ -77,6 +82,8 @@ func NewMatrix(t quant.Type, rows, cols int, data []byte) (*Matrix, error) {
 		m.repackQ(data)
 	case quant.Q4_K, quant.Q6_K:
 		m.repackK(data)
+	default:
+		m.prepareExt(data)
 	}
 	return m, nil
 }
@@ -151,6 +158,8 @@ func (m *Matrix) Row(r int, dst []float32) {
 		m.rowQ(r, dst)
 	case quant.Q4_K, quant.Q6_K:
 		m.rowK(r, dst)
+	default:
+		m.rowExt(r, dst)
 	}
 }
 
@@ -161,6 +170,7 @@ type acts struct {
 	q  []int8    // Q8_0 (packed, see qgemm.go) or Q8_K quants (kgemm.go)
 	d  []float32 // block scales
 	c  []int32   // Q8_0: per-block corrections; Q8_K: bsum pairs
+	s  []float32 // Q8_1 (Q4_1/Q5_1 weights): fp16 d*sum per block, laid out as d
 	w  int       // activation-group width
 }
 
@@ -213,9 +223,13 @@ func MatMul(p *Pool, dst []float32, m *Matrix, x []float32, n int) {
 		})
 		return
 	}
+	if m.raw != nil || m.qm != nil {
+		m.mulExt(p, dst, x, n)
+		return
+	}
 	a := actsPool.Get().(*acts)
 	defer a.release()
-	a.prepare(p, m.typ, x, n, cols)
+	a.prepare(p, m.kind, x, n, cols)
 
 	units, per := rows, 1 // units of work: rows, or 16-row groups
 	packed := m.qw != nil || m.kw != nil
@@ -227,7 +241,7 @@ func MatMul(p *Pool, dst []float32, m *Matrix, x []float32, n int) {
 		grain = (minShareMACs + w - 1) / w
 	}
 	actBytes := cols * 4
-	switch m.typ {
+	switch m.kind {
 	case quant.Q8_0, quant.Q4_0, quant.Q4_K, quant.Q6_K:
 		actBytes = cols + cols/8 // quants plus scales and sums
 	}
@@ -255,7 +269,7 @@ func MatMul(p *Pool, dst []float32, m *Matrix, x []float32, n int) {
 
 // prepare converts the n activation rows of x for weights of type t.
 func (a *acts) prepare(p *Pool, t quant.Type, x []float32, n, cols int) {
-	*a = acts{fo: a.fo, q: a.q[:0], d: a.d[:0], c: a.c[:0]}
+	*a = acts{fo: a.fo, q: a.q[:0], d: a.d[:0], c: a.c[:0], s: a.s[:0]}
 	var conv func(i int)
 	tasks := n
 	switch t {
@@ -330,12 +344,12 @@ func (a *acts) prepare(p *Pool, t quant.Type, x []float32, n, cols int) {
 func (m *Matrix) mulQGroups(dst []float32, a *acts, n, g0, g1, lo, hi int) {
 	rows, cols := m.rows, m.cols
 	nb := cols / qk8
-	gb := qGroupBytes(m.typ)
+	gb := qGroupBytes(m.kind)
 	w := a.w
 	if n == 1 {
 		full := min(hi, rows/qRows)
 		if full > lo {
-			qTileImpl(m.typ, 1, full-lo, m.qw[lo*nb*gb:full*nb*gb], m.qd[lo*nb*qRows:full*nb*qRows], a.q[:cols], a.d[:nb], a.c[:nb], dst[lo*qRows:full*qRows])
+			qTileImpl(m.kind, 1, full-lo, m.qw[lo*nb*gb:full*nb*gb], m.qd[lo*nb*qRows:full*nb*qRows], a.q[:cols], a.d[:nb], a.c[:nb], dst[lo*qRows:full*qRows])
 			lo = full
 		}
 	}
@@ -346,7 +360,7 @@ func (m *Matrix) mulQGroups(dst []float32, a *acts, n, g0, g1, lo, hi int) {
 		r0 := g * qRows
 		nr := min(qRows, rows-r0)
 		for ag := g0; ag < g1; ag++ {
-			qTileImpl(m.typ, w, 1, wq, wd, a.q[ag*w*cols:(ag+1)*w*cols], a.d[ag*w*nb:(ag+1)*w*nb], a.c[ag*w*nb:(ag+1)*w*nb], out[:w*qRows])
+			qTileImpl(m.kind, w, 1, wq, wd, a.q[ag*w*cols:(ag+1)*w*cols], a.d[ag*w*nb:(ag+1)*w*nb], a.c[ag*w*nb:(ag+1)*w*nb], out[:w*qRows])
 			for i := 0; i < w && ag*w+i < n; i++ {
 				o := (ag*w+i)*rows + r0
 				copy(dst[o:o+nr], out[i*qRows:i*qRows+nr])

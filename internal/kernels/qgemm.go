@@ -96,17 +96,18 @@ func (m *Matrix) repackQ(data []byte) {
 	}
 }
 
-// rowQ dequantises row r of a packed Q8_0 or Q4_0 matrix into dst.
+// rowQ dequantises row r of a packed Q8_0 or Q4_0 matrix (or one repacked
+// as Q8_0, matrix_ext.go) into dst.
 func (m *Matrix) rowQ(r int, dst []float32) {
 	nb := m.cols / qk8
 	g, rr := r/qRows, r%qRows
-	gb := qGroupBytes(m.typ)
+	gb := qGroupBytes(m.kind)
 	for b := 0; b < nb; b++ {
 		gbi := g*nb + b
 		d := f16ToF32(m.qd[gbi*qRows+rr])
 		w := m.qw[gbi*gb : (gbi+1)*gb]
 		out := dst[b*qk8 : (b+1)*qk8]
-		if m.typ == quant.Q8_0 {
+		if m.kind == quant.Q8_0 {
 			for k := 0; k < qk8; k++ {
 				out[k] = float32(int8(w[k/4*64+rr*4+k%4])) * d
 			}

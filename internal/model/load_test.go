@@ -90,8 +90,8 @@ func TestLoadCorrupt(t *testing.T) {
 		{"architecture bert", kv("general.architecture", "bert"), model.ErrUnsupportedArch, []string{`"bert"`}},
 		{"no architecture", edit(ggufEdit{dropKV: []string{"general.architecture"}}), model.ErrUnsupportedArch, []string{"general.architecture is missing"}},
 		{"tensor type we cannot compute with", edit(ggufEdit{setTensor: map[string]tensorSpec{
-			"blk.0.attn_q.weight": {quant.Q5_0, []uint64{uint64(dim), uint64(dim)}, make([]byte, dim*dim/32*22)}}}),
-			nil, []string{"blk.0.attn_q.weight", "Q5_0", "supported"}},
+			"blk.0.attn_q.weight": {quant.MXFP4, []uint64{uint64(dim), uint64(dim)}, make([]byte, dim*dim/32*17)}}}),
+			nil, []string{"blk.0.attn_q.weight", "has type MXFP4", "cannot compute with", "Q5_0, Q5_1", "IQ4_XS"}},
 
 		// Tensors that disagree with the metadata.
 		{"wrong shape", edit(ggufEdit{setTensor: map[string]tensorSpec{

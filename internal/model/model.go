@@ -162,8 +162,8 @@ func fromGGUF(f *gguf.File, fuse bool) (*Model, error) {
 		if len(t.Dims) != 2 || t.Dims[0] != uint64(cols) || t.Dims[1] != uint64(rows) {
 			return nil, fmt.Errorf("%w: %s has dims %v, want [%d %d]", ErrBadShape, name, t.Dims, cols, rows)
 		}
-		if !t.Type.Supported() {
-			return nil, fmt.Errorf("model: tensor %s has type %s, which this engine cannot compute with (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K)", name, t.Type)
+		if !kernels.Supports(t.Type) {
+			return nil, fmt.Errorf("model: tensor %s has type %s, which this engine cannot compute with (supported: %s)", name, t.Type, supportedList())
 		}
 		types[t.Type] = true
 		return t, nil
@@ -313,3 +313,16 @@ func digestGGUF(f *gguf.File) [32]byte {
 }
 
 var errNoModel = errors.New("model: no model given")
+
+// supportedList names the weight types the kernels compute with, for the
+// error that refuses a file using another ("F32, F16, ..., IQ4_XS").
+func supportedList() string {
+	var b strings.Builder
+	for i, t := range kernels.WeightTypes() {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(t.String())
+	}
+	return b.String()
+}

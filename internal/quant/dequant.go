@@ -43,6 +43,22 @@ func Dequantize(t Type, src []byte, dst []float32) error {
 		dequantQ4_K(src, dst)
 	case Q6_K:
 		dequantQ6_K(src, dst)
+	case Q4_1:
+		dequantQ4_1(src, dst)
+	case Q5_0:
+		dequantQ5_0(src, dst)
+	case Q5_1:
+		dequantQ5_1(src, dst)
+	case Q5_K:
+		dequantQ5_K(src, dst)
+	case Q3_K:
+		dequantQ3_K(src, dst)
+	case Q2_K:
+		dequantQ2_K(src, dst)
+	case IQ4_NL:
+		dequantIQ4_NL(src, dst)
+	case IQ4_XS:
+		dequantIQ4_XS(src, dst)
 	}
 	return nil
 }

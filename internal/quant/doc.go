@@ -7,14 +7,16 @@
 //   - Type ids, names, block sizes and block byte sizes for every type GGML
 //     defines (including ones this project cannot compute with), so that a
 //     file using an exotic type is refused with a clear "unsupported tensor
-//     type Q5_1" instead of a size mismatch.
-//   - Dequantize for F32, F16, BF16, Q8_0, Q4_0, Q4_K and Q6_K that produces
-//     the same float32 bits as ggml's scalar dequantize_row_* functions
+//     type IQ2_XXS" instead of a size mismatch.
+//   - Dequantize for F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K,
+//     Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS that produces the same
+//     float32 bits as ggml's scalar dequantize_row_* functions
 //     (ggml evaluates those with separate multiply and subtract roundings;
 //     so does this package, explicitly, so results do not depend on whether
 //     the Go compiler would fuse a multiply-add on the target).
-//   - Quantize for F32, F16, BF16, Q8_0, Q4_0, Q4_K and Q6_K following ggml's
-//     reference quantize_row_*_ref semantics (no importance matrix).
+//   - Quantize for F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K
+//     and Q6_K with the bytes of ggml's reference quantize_row_*_ref (no
+//     importance matrix; what llama-quantize writes without one).
 //   - F16 and BF16 conversions that round to nearest even, handle
 //     subnormals, infinities and NaN, and never panic.
 //

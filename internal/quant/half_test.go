@@ -155,21 +155,22 @@ func TestTypeTable(t *testing.T) {
 		Known, Supported bool
 	}
 	tests := map[Type]row{
-		F32:    {"F32", 1, 4, true, true},
-		F16:    {"F16", 1, 2, true, true},
-		BF16:   {"BF16", 1, 2, true, true},
-		Q4_0:   {"Q4_0", 32, 18, true, true},
-		Q5_1:   {"Q5_1", 32, 24, true, false},
-		Q8_0:   {"Q8_0", 32, 34, true, true},
-		Q4_K:   {"Q4_K", 256, 144, true, true},
-		Q5_K:   {"Q5_K", 256, 176, true, false},
-		Q6_K:   {"Q6_K", 256, 210, true, true},
-		Q8_K:   {"Q8_K", 256, 292, true, false},
-		IQ4_XS: {"IQ4_XS", 256, 136, true, false},
-		TQ1_0:  {"TQ1_0", 256, 54, true, false},
-		MXFP4:  {"MXFP4", 32, 17, true, false},
-		4:      {"type(4)", 0, 0, false, false},
-		9999:   {"type(9999)", 0, 0, false, false},
+		F32:     {"F32", 1, 4, true, true},
+		F16:     {"F16", 1, 2, true, true},
+		BF16:    {"BF16", 1, 2, true, true},
+		Q4_0:    {"Q4_0", 32, 18, true, true},
+		Q5_1:    {"Q5_1", 32, 24, true, true},
+		Q8_0:    {"Q8_0", 32, 34, true, true},
+		Q4_K:    {"Q4_K", 256, 144, true, true},
+		Q5_K:    {"Q5_K", 256, 176, true, true},
+		Q6_K:    {"Q6_K", 256, 210, true, true},
+		Q8_K:    {"Q8_K", 256, 292, true, false},
+		IQ4_XS:  {"IQ4_XS", 256, 136, true, true},
+		IQ2_XXS: {"IQ2_XXS", 256, 66, true, false},
+		TQ1_0:   {"TQ1_0", 256, 54, true, false},
+		MXFP4:   {"MXFP4", 32, 17, true, false},
+		4:       {"type(4)", 0, 0, false, false},
+		9999:    {"type(9999)", 0, 0, false, false},
 	}
 	for typ, want := range tests {
 		got := row{typ.String(), typ.BlockSize(), typ.BlockBytes(), typ.Known(), typ.Supported()}

@@ -8,9 +8,10 @@ import (
 
 // Quantize encodes src as type t, following ggml's reference
 // quantize_row_*_ref functions (no importance matrix). len(src) must be a
-// multiple of t.BlockSize(). Supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K,
-// Q6_K. Inputs holding NaN or infinities give unspecified (but non-panicking)
-// results for the block types, as in ggml.
+// multiple of t.BlockSize(). Supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1,
+// Q5_0, Q5_1, Q4_K, Q5_K, Q6_K (the other types Dequantize reads are
+// refused with ErrUnsupported). Inputs holding NaN or infinities give
+// unspecified (but non-panicking) results for the block types, as in ggml.
 func Quantize(t Type, src []float32) ([]byte, error) {
 	if err := checkType(t); err != nil {
 		return nil, err
@@ -48,6 +49,22 @@ func Quantize(t Type, src []float32) ([]byte, error) {
 	case Q6_K:
 		for b := 0; b < len(src)/QK_K; b++ {
 			quantBlockQ6_K(src[QK_K*b:QK_K*b+QK_K], out[210*b:210*b+210])
+		}
+	case Q4_1:
+		for b := 0; b < len(src)/32; b++ {
+			quantBlockQ4_1(src[32*b:32*b+32], out[20*b:20*b+20])
+		}
+	case Q5_0:
+		for b := 0; b < len(src)/32; b++ {
+			quantBlockQ5_0(src[32*b:32*b+32], out[22*b:22*b+22])
+		}
+	case Q5_1:
+		for b := 0; b < len(src)/32; b++ {
+			quantBlockQ5_1(src[32*b:32*b+32], out[24*b:24*b+24])
+		}
+	case Q5_K:
+		for b := 0; b < len(src)/QK_K; b++ {
+			quantBlockQ5_K(src[QK_K*b:QK_K*b+QK_K], out[176*b:176*b+176])
 		}
 	default:
 		return nil, fmt.Errorf("%w %s (quantize)", ErrUnsupported, t)

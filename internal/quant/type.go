@@ -137,7 +137,8 @@ func (t Type) Known() bool {
 // Supported reports whether Dequantize handles t.
 func (t Type) Supported() bool {
 	switch t {
-	case F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K:
+	case F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K,
+		Q4_1, Q5_0, Q5_1, Q5_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS:
 		return true
 	}
 	return false

@@ -1,0 +1,270 @@
+package kernels
+
+import (
+	"encoding/binary"
+	"slices"
+	"sync"
+
+	"github.com/pagewarden/pagewarden/internal/quant"
+)
+
+// Products for the weight types beyond the original seven, reusing the
+// existing kernels where that keeps ggml's bits (see ref_ext.go for the
+// definitions):
+//
+//   - Q5_0 and IQ4_NL have one fp16 scale per 32 values and integer values
+//     that fit in int8 (-16..15; the IQ4_NL grid -127..113), and ggml
+//     multiplies them with Q8_0 activations exactly as it does Q8_0
+//     weights (float(sumi) * (d_w*d_x) per block). They are repacked at
+//     load into qgemm.go's Q8_0 layout, with the same scales, and take the
+//     Q8_0 kernels of every tier: the products are bit-identical.
+//   - Q4_1 and Q5_1 (values 0..31, a scale and a min per block) meet Q8_1
+//     activations: per block (d_w*d_x)*sumi + m*s, where s is the
+//     activation's fp16 d*sum. The quants are repacked as Q8_0 (same
+//     scales), block-major, so that one call of the Q8_0 tile kernel with
+//     a single block gives float(sumi)*(d_w*d_x) for up to 16 groups of 16
+//     rows at a time; the min term and the running sum are added in Go in
+//     ggml's order. Bit-identical again, at the price of a call and a few
+//     float operations per block and row.
+//   - Q5_K, Q3_K, Q2_K and IQ4_XS keep their GGML bytes and take the plain
+//     Go reference products row by row (no repacked kernel yet).
+
+// Supports reports whether NewMatrix accepts weights of type t.
+func Supports(t quant.Type) bool {
+	return slices.Contains(weightTypeList, t)
+}
+
+// WeightTypes returns the types NewMatrix accepts, for error messages.
+func WeightTypes() []quant.Type { return slices.Clone(weightTypeList) }
+
+var weightTypeList = []quant.Type{
+	quant.F32, quant.F16, quant.BF16, quant.Q8_0, quant.Q4_0, quant.Q4_1, quant.Q5_0, quant.Q5_1,
+	quant.IQ4_NL, quant.Q2_K, quant.Q3_K, quant.Q4_K, quant.Q5_K, quant.Q6_K, quant.IQ4_XS,
+}
+
+// q1GroupChunk is how many 16-row groups one Q4_1/Q5_1 tile call covers
+// (its outputs and sums stay on the stack).
+const q1GroupChunk = 16
+
+// prepareExt sets up a matrix of one of the types above.
+func (m *Matrix) prepareExt(data []byte) {
+	switch m.typ {
+	case quant.Q5_0, quant.IQ4_NL:
+		m.kind = quant.Q8_0
+		m.repackAsQ8(data, false)
+	case quant.Q4_1, quant.Q5_1:
+		m.kind = quant.Q8_0
+		m.repackAsQ8(data, true)
+	default:
+		m.raw = slices.Clone(data)
+	}
+}
+
+// extBlock decodes block b of a GGML row of a 32-value type into its 32
+// integer values, its fp16 scale and (Q4_1/Q5_1) its fp16 min.
+func extBlock(t quant.Type, row []byte, b int, v *[qk8]int8) (d, mn uint16) {
+	switch t {
+	case quant.Q5_0:
+		blk := row[b*22 : (b+1)*22]
+		qh := binary.LittleEndian.Uint32(blk[2:])
+		for j := range v {
+			v[j] = int8(q5Val(blk[6:22], qh, j) - 16)
+		}
+		return binary.LittleEndian.Uint16(blk), 0
+	case quant.IQ4_NL:
+		blk := row[b*18 : (b+1)*18]
+		for j := range v {
+			v[j] = quant.KValuesIQ4NL[q5Val(blk[2:18], 0, j)]
+		}
+		return binary.LittleEndian.Uint16(blk), 0
+	case quant.Q4_1:
+		blk := row[b*20 : (b+1)*20]
+		for j := range v {
+			v[j] = int8(q5Val(blk[4:20], 0, j))
+		}
+		return binary.LittleEndian.Uint16(blk), binary.LittleEndian.Uint16(blk[2:])
+	default: // Q5_1
+		blk := row[b*24 : (b+1)*24]
+		qh := binary.LittleEndian.Uint32(blk[4:])
+		for j := range v {
+			v[j] = int8(q5Val(blk[8:24], qh, j))
+		}
+		return binary.LittleEndian.Uint16(blk), binary.LittleEndian.Uint16(blk[2:])
+	}
+}
+
+// repackAsQ8 writes the rows' integer values and scales in qgemm.go's Q8_0
+// layout: group-major ((g*nb+b) blocks) for Q5_0/IQ4_NL, so the Q8_0 paths
+// of MatMul and Row use it unchanged, or block-major ((b*groups+g)) with
+// the mins alongside for Q4_1/Q5_1 (mulQ1).
+func (m *Matrix) repackAsQ8(data []byte, withMin bool) {
+	nb := m.cols / qk8
+	groups := (m.rows + qRows - 1) / qRows
+	m.qw = make([]byte, groups*nb*q8GrpSize)
+	m.qd = make([]uint16, groups*nb*qRows)
+	if withMin {
+		m.qm = make([]float32, groups*nb*qRows)
+	}
+	var v [qk8]int8
+	for r := 0; r < m.rows; r++ {
+		g, rr := r/qRows, r%qRows
+		row := data[r*m.rowBytes : (r+1)*m.rowBytes]
+		for b := 0; b < nb; b++ {
+			d, mn := extBlock(m.typ, row, b, &v)
+			gbi := g*nb + b
+			if withMin {
+				gbi = b*groups + g
+				m.qm[gbi*qRows+rr] = f16ToF32(mn)
+			}
+			m.qd[gbi*qRows+rr] = d
+			w := m.qw[gbi*q8GrpSize:]
+			for k, q := range v {
+				w[(k/4)*64+rr*4+k%4] = byte(q)
+			}
+		}
+	}
+}
+
+// rowExt dequantises row r of a matrix of one of the types above with
+// ggml's dequantize_row arithmetic.
+func (m *Matrix) rowExt(r int, dst []float32) {
+	switch {
+	case m.raw != nil:
+		// quant.Dequantize is the project's bit-exact decoder; the row
+		// is whole blocks and the buffer long enough, so it cannot fail.
+		if err := quant.Dequantize(m.typ, m.raw[r*m.rowBytes:(r+1)*m.rowBytes], dst); err != nil {
+			panic("kernels: Matrix.Row: " + err.Error())
+		}
+	case m.qm != nil:
+		nb := m.cols / qk8
+		groups := (m.rows + qRows - 1) / qRows
+		g, rr := r/qRows, r%qRows
+		for b := 0; b < nb; b++ {
+			gbi := b*groups + g
+			d, mn := f16ToF32(m.qd[gbi*qRows+rr]), m.qm[gbi*qRows+rr]
+			w := m.qw[gbi*q8GrpSize:]
+			for k := 0; k < qk8; k++ {
+				dst[b*qk8+k] = float32(float32(int8(w[(k/4)*64+rr*4+k%4]))*d) + mn
+			}
+		}
+	default:
+		m.rowQ(r, dst)
+	}
+}
+
+// mulExt is MatMul for the Q4_1/Q5_1 and plain-Go types.
+func (m *Matrix) mulExt(p *Pool, dst []float32, x []float32, n int) {
+	if m.raw != nil {
+		m.mulRaw(p, dst, x, n)
+		return
+	}
+	m.mulQ1(p, dst, x, n)
+}
+
+// mulQ1 computes a Q4_1/Q5_1 product: Q8_1 activations (packed Q8_0 plus
+// s), one Q8_0 tile call per block and chunk of groups, then ggml's
+// per-block sum acc += float(sumi)*(d_w*d_x) + m*s.
+func (m *Matrix) mulQ1(p *Pool, dst []float32, x []float32, n int) {
+	rows, cols := m.rows, m.cols
+	nb := cols / qk8
+	groups := (rows + qRows - 1) / qRows
+	a := actsPool.Get().(*acts)
+	defer a.release()
+	a.prepare(p, quant.Q8_0, x, n, cols)
+	w := a.w
+	ag := (n + w - 1) / w
+	// s per (activation group, block, row in group), as xd is laid out.
+	s := grow(a.s, ag*nb*w)
+	a.s = s
+	p.RunGrain(n, max(1, minShareMACs/cols), func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			g, i := r/w, r%w
+			for b := 0; b < nb; b++ {
+				sum := a.c[(g*nb+b)*w+i] / qCorr(quant.Q8_0)
+				s[(g*nb+b)*w+i] = q8_1Sum(x[r*cols+b*qk8:r*cols+(b+1)*qk8], sum)
+			}
+		}
+	})
+	grain := max(1, minShareMACs/(qRows*cols*n))
+	p.RunGrain(groups, grain, func(lo, hi int) {
+		var out, acc [q1GroupChunk * qRows * 8]float32
+		for c0 := lo; c0 < hi; c0 += q1GroupChunk {
+			c1 := min(hi, c0+q1GroupChunk)
+			ng := c1 - c0
+			for gi := 0; gi < ag; gi++ {
+				accs := acc[:ng*w*qRows]
+				clear(accs)
+				for b := 0; b < nb; b++ {
+					blk := b*groups + c0
+					ab := (gi*nb + b) * w
+					qTileImpl(quant.Q8_0, w, ng, m.qw[blk*q8GrpSize:(blk+ng)*q8GrpSize], m.qd[blk*qRows:(blk+ng)*qRows],
+						a.q[ab*qk8:(ab+w)*qk8], a.d[ab:ab+w], a.c[ab:ab+w], out[:ng*w*qRows])
+					mins := m.qm[blk*qRows : (blk+ng)*qRows]
+					for g := 0; g < ng; g++ {
+						for i := 0; i < w; i++ {
+							si := s[ab+i]
+							o := (g*w + i) * qRows
+							for r := 0; r < qRows; r++ {
+								accs[o+r] += float32(out[o+r] + float32(mins[g*qRows+r]*si))
+							}
+						}
+					}
+				}
+				for g := 0; g < ng; g++ {
+					r0 := (c0 + g) * qRows
+					nr := min(qRows, rows-r0)
+					for i := 0; i < w && gi*w+i < n; i++ {
+						o := (gi*w+i)*rows + r0
+						copy(dst[o:o+nr], accs[(g*w+i)*qRows:(g*w+i)*qRows+nr])
+					}
+				}
+			}
+		}
+	})
+}
+
+// rawActs are one MatMul's activations for the plain-Go types: Q8_K,
+// row after row.
+type rawActs struct {
+	q  []int8
+	d  []float32
+	bs []int16
+}
+
+var rawActsPool = sync.Pool{New: func() any { return new(rawActs) }}
+
+// mulRaw computes a product of a Q5_K, Q3_K, Q2_K or IQ4_XS matrix with
+// the reference dot products, output rows split over p; each weight row
+// meets every activation row while it is in cache.
+func (m *Matrix) mulRaw(p *Pool, dst []float32, x []float32, n int) {
+	rows, cols := m.rows, m.cols
+	nb := cols / qkK
+	a := rawActsPool.Get().(*rawActs)
+	defer rawActsPool.Put(a)
+	a.q, a.d, a.bs = grow(a.q, n*cols), grow(a.d, n*nb), grow(a.bs, n*nb*16)
+	p.RunGrain(n, max(1, minShareMACs/cols), func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			quantizeQ8K(x[i*cols:(i+1)*cols], a.q[i*cols:(i+1)*cols], a.d[i*nb:(i+1)*nb], a.bs[i*nb*16:(i+1)*nb*16])
+		}
+	})
+	p.RunGrain(rows, max(1, minShareMACs/(cols*n)), func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			row := m.raw[r*m.rowBytes : (r+1)*m.rowBytes]
+			for i := 0; i < n; i++ {
+				xq, xd, bs := a.q[i*cols:(i+1)*cols], a.d[i*nb:(i+1)*nb], a.bs[i*nb*16:(i+1)*nb*16]
+				var v float32
+				switch m.typ {
+				case quant.Q5_K:
+					v = dotQ5KRef(row, xq, xd, bs)
+				case quant.Q3_K:
+					v = dotQ3KRef(row, xq, xd)
+				case quant.Q2_K:
+					v = dotQ2KRef(row, xq, xd, bs)
+				case quant.IQ4_XS:
+					v = dotIQ4XSRef(row, xq, xd)
+				}
+				dst[i*rows+r] = v
+			}
+		}
+	})
+}
