@@ -139,6 +139,7 @@ func serveCmd() *cobra.Command {
 	var reapAfter time.Duration
 	var colocated bool
 	var af adminFlags // admin.go
+	var tf apiTLSFlags // apitls.go
 	var lg logFlags
 	var apiKey string
 	var sf servedFlags
@@ -185,6 +186,10 @@ that long.`,
 				return usagef("--metrics-listen %s is the API address; metrics need their own (or --metrics-on-api)", metricsListen)
 			}
 			logger := lg.logger(cmd.ErrOrStderr())
+			tlsCfg, err := tf.load()
+			if err != nil {
+				return err
+			}
 			// In production a broken invariant aborts the request it
 			// touched and is counted; it must not crash every tenant.
 			invariants.SetStrict(false)
@@ -254,7 +259,7 @@ that long.`,
 				return err
 			}
 			defer stopMetrics()
-			stopAdmin, err := af.start(cmd, tcfg, policies, backend, nil, logger)
+			stopAdmin, err := af.start(cmd, tcfg, policies, backend, tlsCfg, logger)
 			if err != nil {
 				return err
 			}
@@ -268,6 +273,7 @@ that long.`,
 			if err != nil {
 				return err
 			}
+			ln = tf.wrap(ln)
 			// Signals are caught before the address is announced, so that
 			// whoever waits for it may signal at once.
 			hup := make(chan os.Signal, 1)
@@ -279,7 +285,7 @@ that long.`,
 			announceKey(cmd, key)
 			logger.Info("serving", "disaggregated", !colocated, "addr", ln.Addr().String(), "model", m.Name, "max_context", lim.MaxContext,
 				"kv_pages", lim.UsablePages, "page_size", lim.PageSize, "usable_kv_tokens", lim.UsableTokens, "safety_margin", lim.SafetyMargin)
-			fmt.Fprintf(cmd.ErrOrStderr(), "listening on http://%s\n", ln.Addr())
+			fmt.Fprintf(cmd.ErrOrStderr(), "listening on %s://%s\n", tf.scheme(), ln.Addr())
 			srv.Start(ln)
 
 			for {
@@ -306,6 +312,7 @@ that long.`,
 	registerAPIKey(c, &apiKey)
 	sf.register(c)
 	af.register(c)
+	tf.register(c, "")
 	c.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address to serve on")
 	c.Flags().StringVar(&configPath, "config", "", "tenant configuration (YAML); reloaded on SIGHUP")
 	c.Flags().StringVar(&metricsListen, "metrics-listen", defaultMetricsListen,
