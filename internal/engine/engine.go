@@ -37,6 +37,7 @@ type Engine struct {
 	Compute      *kernels.Pool
 	scratch      model.Scratch
 	prefillChunk int
+	cons         constraints // output constraints of the sequences sampled for
 }
 
 // ErrContext reports a request that cannot fit the model's window.
@@ -145,8 +146,18 @@ func (e *Engine) Generate(ctx context.Context, owner request.Owner, prompt []int
 	}
 	st.Prefill = time.Since(start)
 	decodeStart := time.Now()
+	if cfg.Grammar != nil {
+		defer e.cons.forget(owner)
+	}
 	for st.GeneratedTokens < maxTokens {
-		next, err := Draw(&smp, cfg, st.GeneratedTokens, history, logits)
+		var allowed []uint64
+		if cfg.Grammar != nil {
+			var err error
+			if allowed, err = e.cons.mask(e, owner, cfg.Grammar, st.GeneratedTokens, history); err != nil {
+				return st, request.FinishError, err
+			}
+		}
+		next, err := DrawAllowed(&smp, cfg, st.GeneratedTokens, history, logits, allowed)
 		if err != nil {
 			return st, request.FinishError, err
 		}

@@ -49,7 +49,15 @@ func (x *Executor) Execute(ctx context.Context, b *sched.Batch) ([]sched.Outcome
 		if !it.Sample {
 			continue
 		}
-		tok, err := Draw(&x.smp, it.Sampling, it.SampleIndex, it.History, logits[i])
+		var allowed []uint64
+		if g := it.Sampling.Grammar; g != nil {
+			allowed, err = x.e.cons.mask(x.e, it.Owner, g, it.SampleIndex, it.History)
+			if err != nil {
+				out[i].Err = fmt.Errorf("engine: step %d: constraint: %w", b.Step, err)
+				continue
+			}
+		}
+		tok, err := DrawAllowed(&x.smp, it.Sampling, it.SampleIndex, it.History, logits[i], allowed)
 		if err != nil {
 			// This request fails alone; its neighbours' logits are their own.
 			out[i].Err = fmt.Errorf("engine: step %d: %w", b.Step, err)
@@ -57,6 +65,7 @@ func (x *Executor) Execute(ctx context.Context, b *sched.Batch) ([]sched.Outcome
 		}
 		out[i].Token = tok
 	}
+	x.e.cons.endStep()
 	return out, nil
 }
 
@@ -69,12 +78,19 @@ func (x *Executor) Execute(ctx context.Context, b *sched.Batch) ([]sched.Outcome
 // s is a buffer, reset for the draw. Logits holding NaN or an infinity
 // are an error (sample.ErrNonFinite), never a token.
 func Draw(s *sample.Sampler, cfg request.Sampling, index int, history []int, logits []float32) (int, error) {
+	return DrawAllowed(s, cfg, index, history, logits, nil)
+}
+
+// DrawAllowed is Draw restricted to the tokens set in allowed (an output
+// constraint's mask; nil: every token).
+func DrawAllowed(s *sample.Sampler, cfg request.Sampling, index int, history []int, logits []float32, allowed []uint64) (int, error) {
 	adjusts := sample.Adjusts(cfg)
-	if sample.Greedy(cfg) && !adjusts {
+	if sample.Greedy(cfg) && !adjusts && allowed == nil {
 		return sample.ArgmaxFinite(logits)
 	}
 	cfg.Seed = mixSeed(cfg.Seed, uint64(index))
 	s.Reset(cfg)
+	s.SetAllowed(allowed)
 	if adjusts {
 		// The generated tokens are the last index ones (a history
 		// shorter than index, which no caller passes, is all generated).

@@ -12,6 +12,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+
+	"github.com/pagewarden/pagewarden/internal/grammar"
 )
 
 // ID is a request id: 128 random bits, unguessable, scoped to a tenant.
@@ -77,6 +79,12 @@ type Sampling struct {
 	// its token outright. Nil means none.
 	LogitBias []TokenBias
 	Seed      uint64
+	// Grammar constrains the output (response_format): only tokens that
+	// keep it a valid prefix of a value the grammar accepts are drawn, and
+	// an end-of-generation token only once the value is complete. Nil
+	// means unconstrained. It is immutable and shared; each sequence
+	// keeps its own automaton state.
+	Grammar *grammar.Grammar
 }
 
 // TokenBias is one entry of Sampling.LogitBias.

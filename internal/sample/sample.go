@@ -16,6 +16,9 @@
 // never drawn, greedy or not, and if every token is banned Sample returns
 // ErrNoCandidate.
 //
+// An allowed-token mask (SetAllowed, from an output constraint) is applied
+// first: a token outside it is never drawn, greedy or not.
+//
 // A logit that is NaN or infinite never becomes a token: Sample returns
 // ErrNonFinite instead, and the caller fails the request.
 package sample
@@ -39,8 +42,9 @@ const MinTemperature = 1e-5
 // forward pass went wrong, and no token drawn from them means anything.
 var ErrNonFinite = errors.New("sample: logits hold NaN or an infinity")
 
-// ErrNoCandidate is returned when the logit bias bans every token.
-var ErrNoCandidate = errors.New("sample: the logit bias bans every token")
+// ErrNoCandidate is returned when the logit bias and the allowed-token
+// mask together ban every token.
+var ErrNoCandidate = errors.New("sample: the logit bias or the output constraint bans every token")
 
 // Greedy reports whether cfg always takes the argmax.
 func Greedy(cfg request.Sampling) bool { return !(cfg.Temperature >= MinTemperature) }
@@ -63,6 +67,7 @@ type Sampler struct {
 	counts  map[int]int  // generated tokens, for presence and frequency
 	idx     []int
 	probs   []float32
+	allowed []uint64 // bit i set: token i may be drawn; nil: all may
 }
 
 // New returns a sampler for cfg.
@@ -81,6 +86,7 @@ func (s *Sampler) Reset(cfg request.Sampling) {
 		s.rng = rand.New(s.pcg)
 	}
 	s.pcg.Seed(cfg.Seed, cfg.Seed^0x5851f42d4c957f2d)
+	s.allowed = nil
 	if repeating(cfg) {
 		if s.history == nil {
 			s.history = map[int]bool{}
@@ -106,6 +112,11 @@ func repeating(cfg request.Sampling) bool {
 func counting(cfg request.Sampling) bool {
 	return cfg.PresencePenalty != 0 || cfg.FrequencyPenalty != 0
 }
+
+// SetAllowed restricts the next draws to the tokens whose bit is set in
+// mask (bit i of mask[i/64]); nil lifts the restriction. Reset clears it.
+// The sampler reads mask and does not keep it past the next Reset.
+func (s *Sampler) SetAllowed(mask []uint64) { s.allowed = mask }
 
 // Greedy reports whether the sampler always takes the argmax.
 func (s *Sampler) Greedy() bool { return Greedy(s.cfg) }
@@ -164,7 +175,8 @@ func (s *Sampler) Sample(logits []float32) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if Adjusts(s.cfg) {
+	if s.allowed != nil || Adjusts(s.cfg) {
+		s.mask(logits)
 		s.adjust(logits)
 		// Banned tokens are -Inf now; every other logit is finite.
 		best = Argmax(logits)
@@ -254,6 +266,20 @@ func (s *Sampler) Sample(logits []float32) (int, error) {
 	// Rounding left u at or above 0 after the last candidate: it is the
 	// draw's upper end, which belongs to the last kept candidate.
 	return idx[keep-1], nil
+}
+
+// mask sets the logit of every token outside the allowed mask to -Inf.
+func (s *Sampler) mask(logits []float32) {
+	if s.allowed == nil {
+		return
+	}
+	ninf := float32(math.Inf(-1))
+	for i := range logits {
+		w := i / 64
+		if w >= len(s.allowed) || s.allowed[w]&(1<<(i%64)) == 0 {
+			logits[i] = ninf
+		}
+	}
 }
 
 // adjust applies the logit bias and the penalties to logits, in vLLM's

@@ -3,6 +3,7 @@ package sample
 import (
 	"errors"
 	"math"
+	"reflect"
 	"slices"
 	"testing"
 
@@ -340,5 +341,48 @@ func TestAdjustedSeedReproduces(t *testing.T) {
 	a, b := draw(), draw()
 	if !slices.Equal(a, b) || slices.Contains(a, 3) {
 		t.Fatalf("draws %v and %v (token 3 is banned)", a, b)
+	}
+}
+
+// TestAllowedMask: a token outside the allowed mask is never drawn, greedy
+// or sampled, with the logit bias on top; an empty mask leaves nothing.
+func TestAllowedMask(t *testing.T) {
+	logits := func() []float32 { return []float32{9, 1, 2, 3, 0.5, 8, 1, 4} }
+	mask := []uint64{1<<3 | 1<<7}
+	for _, tc := range []struct {
+		name string
+		cfg  request.Sampling
+		want map[int]bool
+	}{
+		{"greedy", request.Sampling{}, map[int]bool{7: true}},
+		{"sampled", request.Sampling{Temperature: 2}, map[int]bool{3: true, 7: true}},
+		{"top-k 1", request.Sampling{Temperature: 1, TopK: 1}, map[int]bool{7: true}},
+		{"bias bans 7", request.Sampling{LogitBias: []request.TokenBias{{Token: 7, Bias: -request.MaxBias}}}, map[int]bool{3: true}},
+		{"bias lifts 0, masked", request.Sampling{LogitBias: []request.TokenBias{{Token: 0, Bias: request.MaxBias}}}, map[int]bool{7: true}},
+	} {
+		seen := map[int]bool{}
+		for seed := range 200 {
+			tc.cfg.Seed = uint64(seed)
+			s := New(tc.cfg)
+			s.SetAllowed(mask)
+			tok, err := s.Sample(logits())
+			if err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			seen[tok] = true
+		}
+		if !reflect.DeepEqual(seen, tc.want) {
+			t.Errorf("%s: drew %v, want %v", tc.name, seen, tc.want)
+		}
+	}
+	s := New(request.Sampling{})
+	s.SetAllowed([]uint64{0})
+	if _, err := s.Sample(logits()); err != ErrNoCandidate {
+		t.Errorf("empty mask: err %v, want ErrNoCandidate", err)
+	}
+	// Reset lifts the mask.
+	s.Reset(request.Sampling{})
+	if tok, err := s.Sample(logits()); err != nil || tok != 0 {
+		t.Errorf("after Reset: %d %v, want 0", tok, err)
 	}
 }
