@@ -138,7 +138,7 @@ func serveCmd() *cobra.Command {
 	var maxBody int64
 	var reapAfter time.Duration
 	var colocated bool
-	var af adminFlags // admin.go
+	var af adminFlags  // admin.go
 	var tf apiTLSFlags // apitls.go
 	var lg logFlags
 	var apiKey string
