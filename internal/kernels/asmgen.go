@@ -38,6 +38,16 @@ func main() {
 		p("DATA gemmlane0<>+%d(SB)/4, $%d", 4*i, (4*i)%16)
 	}
 	p("GLOBL gemmlane0<>(SB), RODATA|NOPTR, $64")
+	// Eight -1 then eight 0: the tail mask for n < 8 elements is the 8
+	// dwords starting at element 8-n.
+	for i := 0; i < 16; i++ {
+		v := "$0xffffffff"
+		if i >= 8 {
+			v = "$0"
+		}
+		p("DATA gemmtailmask<>+%d(SB)/4, %s", 4*i, v)
+	}
+	p("GLOBL gemmtailmask<>(SB), RODATA|NOPTR, $64")
 	p("")
 	for _, w := range qWidths {
 		qVNNI("Q8", w)
@@ -60,6 +70,10 @@ func main() {
 	for a := 1; a <= f32MaxA; a++ {
 		f32Kernel(a)
 	}
+	for a := 1; a <= f32AVX2MaxA; a++ {
+		f32AVX2Kernel(a)
+	}
+	f32AVX2Rows1()
 	src := out.Bytes()
 	if err := os.WriteFile("gemm_amd64.s", src, 0o644); err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -99,6 +113,14 @@ func main() {
 	for a := 1; a <= f32MaxA; a++ {
 		names = append(names, fmt.Sprintf("gemmF32x4x%d", a))
 	}
+	fmt.Fprintf(&g, "%s}\n\n", strings.Join(names, ", "))
+	names = names[:0]
+	for a := 1; a <= f32AVX2MaxA; a++ {
+		fmt.Fprintf(&g, "//go:noescape\nfunc gemmF32AVX2x4x%d(w *float32, ws int, x *float32, xs int, k int, dst *float32, ds int)\n\n", a)
+		names = append(names, fmt.Sprintf("gemmF32AVX2x4x%d", a))
+	}
+	fmt.Fprintf(&g, "//go:noescape\nfunc gemmF32AVX2Rows1(w *float32, ws int, x *float32, cols, kc, nrows int, dst *float32)\n\n")
+	fmt.Fprintf(&g, "// gemmF32AVX2Kernels[a-1] is the AVX2 4 x a kernel.\nvar gemmF32AVX2Kernels = [...]func(w *float32, ws int, x *float32, xs int, k int, dst *float32, ds int){")
 	fmt.Fprintf(&g, "%s}\n", strings.Join(names, ", "))
 	gs, err := format.Source(g.Bytes())
 	if err != nil {
@@ -116,6 +138,9 @@ func main() {
 var qWidths = []int{1, 4, 8}
 
 const f32MaxA = 6
+
+// f32AVX2MaxA: with 16 ymm registers, 12 accumulators and 4 weight rows.
+const f32AVX2MaxA = 3
 
 // Activation-group widths of the K-quant kernels (kGroupWidth in kgemm.go).
 var kWidths = []int{1, 4}
@@ -904,6 +929,170 @@ func qAVX2Multi(kind string, w, a int) {
 	for i := 0; i < a; i++ {
 		p("\tVMOVUPS Y%d, %d(R11)", i, 64*i)
 	}
+	p("\tVZEROUPPER")
+	p("\tRET")
+	p("")
+}
+
+// f32AVX2Kernel emits the F32 4-row x a-activation tile for AVX2+FMA, the
+// same contract as f32Kernel: dst[i*ds + r] += w_r . x_i over k elements.
+// Accumulator (i, r) is Y(4i+r); Y12-Y15 hold the four weight vectors and
+// the activations are FMA memory operands (an L1 hit each).
+func f32AVX2Kernel(a int) {
+	name := fmt.Sprintf("gemmF32AVX2x4x%d", a)
+	p("// func %s(w *float32, ws int, x *float32, xs int, k int, dst *float32, ds int)", name)
+	p("//")
+	p("// 4 weight rows x %d activation rows, 8 elements of k per step; the", a)
+	p("// tail is read with VMASKMOVPS (nothing past element k-1 is touched).")
+	p("// Lane j of an accumulator sums elements j mod 8 in order; the four")
+	p("// rows' accumulators are folded by one fixed VHADDPS tree and added to")
+	p("// dst, so every kernel width gives the same bits for an output.")
+	p("TEXT ·%s(SB), NOSPLIT, $0-56", name)
+	p("\tMOVQ w+0(FP), SI")
+	p("\tMOVQ ws+8(FP), R8")
+	p("\tMOVQ x+16(FP), DI")
+	p("\tMOVQ xs+24(FP), R9")
+	p("\tMOVQ k+32(FP), CX")
+	p("\tMOVQ dst+40(FP), R11")
+	p("\tMOVQ ds+48(FP), R12")
+	p("\tLEAQ (R8)(R8*2), R13")
+	for i := 0; i < 4*a; i++ {
+		p("\tVXORPS Y%d, Y%d, Y%d", i, i, i)
+	}
+	xaddr := []string{"(DI)", "(DI)(R9*1)", "(DI)(R9*2)"}
+	waddr := []string{"(SI)", "(SI)(R8*1)", "(SI)(R8*2)", "(SI)(R13*1)"}
+	p("%s_loop:", name)
+	p("\tCMPQ CX, $8")
+	p("\tJL %s_tail", name)
+	for r := 0; r < 4; r++ {
+		p("\tVMOVUPS %s, Y%d", waddr[r], 12+r)
+	}
+	for i := 0; i < a; i++ {
+		for r := 0; r < 4; r++ {
+			p("\tVFMADD231PS %s, Y%d, Y%d", xaddr[i], 12+r, 4*i+r)
+		}
+	}
+	p("\tADDQ $32, SI")
+	p("\tADDQ $32, DI")
+	p("\tSUBQ $8, CX")
+	p("\tJMP %s_loop", name)
+	p("%s_tail:", name)
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_reduce", name)
+	p("\tLEAQ gemmtailmask<>(SB), AX")
+	p("\tNEGQ CX")
+	p("\tVMOVDQU 32(AX)(CX*4), Y12")
+	// One weight row and one activation at a time: the mask takes a
+	// register, so the four weight rows cannot all stay loaded.
+	for r := 0; r < 4; r++ {
+		p("\tVMASKMOVPS %s, Y12, Y13", waddr[r])
+		for i := 0; i < a; i++ {
+			p("\tVMASKMOVPS %s, Y12, Y14", xaddr[i])
+			p("\tVFMADD231PS Y14, Y13, Y%d", 4*i+r)
+		}
+	}
+	p("%s_reduce:", name)
+	for i := 0; i < a; i++ {
+		b := 4 * i
+		p("\tVHADDPS Y%d, Y%d, Y13", b+1, b)
+		p("\tVHADDPS Y%d, Y%d, Y14", b+3, b+2)
+		p("\tVHADDPS Y14, Y13, Y13")
+		p("\tVEXTRACTF128 $1, Y13, X14")
+		p("\tVADDPS X14, X13, X13")
+		p("\tVADDPS (R11), X13, X13")
+		p("\tVMOVUPS X13, (R11)")
+		if i < a-1 {
+			p("\tADDQ R12, R11")
+		}
+	}
+	p("\tVZEROUPPER")
+	p("\tRET")
+	p("")
+}
+
+// f32AVX2Rows1 emits the AVX2 matrix-vector kernel for one activation row,
+// with exactly the arithmetic f32AVX2Kernel gives one output.
+func f32AVX2Rows1() {
+	p("// func gemmF32AVX2Rows1(w *float32, ws int, x *float32, cols, kc, nrows int, dst *float32)")
+	p("//")
+	p("// dst[r] = w_r . x for nrows (even) rows ws bytes apart, two rows at a")
+	p("// time (two weight streams, prefetched, and two independent FMA chains),")
+	p("// with the arithmetic of the AVX2 4 x a tiles for one output: per column")
+	p("// chunk of kc, lane j sums columns j mod 8 in order (masked tail), the")
+	p("// lanes are folded as their VHADDPS tree folds them, ((0+1)+(2+3)) +")
+	p("// ((4+5)+(6+7)), and the chunk sums are added in order to a total that")
+	p("// starts at +0.")
+	p("TEXT ·gemmF32AVX2Rows1(SB), NOSPLIT, $0-56")
+	p("\tMOVQ w+0(FP), SI")
+	p("\tMOVQ ws+8(FP), R8")
+	p("\tMOVQ x+16(FP), R9")
+	p("\tMOVQ cols+24(FP), R10")
+	p("\tMOVQ kc+32(FP), R12")
+	p("\tMOVQ nrows+40(FP), BX")
+	p("\tMOVQ dst+48(FP), R11")
+	p("\tLEAQ gemmtailmask<>(SB), R15")
+	p("\tSHRQ $1, BX")
+	p("\tTESTQ BX, BX")
+	p("\tJZ avx2rows1_done")
+	p("avx2rows1_row:")
+	p("\tMOVQ SI, AX")
+	p("\tLEAQ (SI)(R8*1), R14")
+	p("\tMOVQ R9, DI")
+	p("\tMOVQ R10, DX")
+	p("\tVXORPS X3, X3, X3")
+	p("\tVXORPS X7, X7, X7")
+	p("avx2rows1_chunk:")
+	p("\tMOVQ R12, CX")
+	p("\tCMPQ DX, CX")
+	p("\tCMOVQLT DX, CX")
+	p("\tSUBQ CX, DX")
+	p("\tVXORPS Y0, Y0, Y0")
+	p("\tVXORPS Y5, Y5, Y5")
+	p("avx2rows1_loop:")
+	p("\tCMPQ CX, $8")
+	p("\tJL avx2rows1_tail")
+	p("\tPREFETCHT0 1024(AX)")
+	p("\tPREFETCHT0 1024(R14)")
+	p("\tVMOVUPS (DI), Y2")
+	p("\tVFMADD231PS (AX), Y2, Y0")
+	p("\tVFMADD231PS (R14), Y2, Y5")
+	p("\tADDQ $32, AX")
+	p("\tADDQ $32, R14")
+	p("\tADDQ $32, DI")
+	p("\tSUBQ $8, CX")
+	p("\tJMP avx2rows1_loop")
+	p("avx2rows1_tail:")
+	p("\tTESTQ CX, CX")
+	p("\tJZ avx2rows1_reduce")
+	p("\tMOVQ CX, R13")
+	p("\tNEGQ R13")
+	p("\tVMOVDQU 32(R15)(R13*4), Y4")
+	p("\tVMASKMOVPS (DI), Y4, Y2")
+	p("\tVMASKMOVPS (AX), Y4, Y1")
+	p("\tVFMADD231PS Y2, Y1, Y0")
+	p("\tVMASKMOVPS (R14), Y4, Y1")
+	p("\tVFMADD231PS Y2, Y1, Y5")
+	p("\tSHLQ $2, CX")
+	p("\tADDQ CX, AX")
+	p("\tADDQ CX, R14")
+	p("\tADDQ CX, DI")
+	p("avx2rows1_reduce:")
+	for _, r := range [][2]int{{0, 3}, {5, 7}} {
+		p("\tVHADDPS Y%d, Y%d, Y%d", r[0], r[0], r[0])
+		p("\tVHADDPS Y%d, Y%d, Y%d", r[0], r[0], r[0])
+		p("\tVEXTRACTF128 $1, Y%d, X1", r[0])
+		p("\tVADDSS X1, X%d, X%d", r[0], r[0])
+		p("\tVADDSS X%d, X%d, X%d", r[1], r[0], r[1])
+	}
+	p("\tTESTQ DX, DX")
+	p("\tJNZ avx2rows1_chunk")
+	p("\tVMOVSS X3, (R11)")
+	p("\tVMOVSS X7, 4(R11)")
+	p("\tLEAQ (SI)(R8*2), SI")
+	p("\tADDQ $8, R11")
+	p("\tDECQ BX")
+	p("\tJNZ avx2rows1_row")
+	p("avx2rows1_done:")
 	p("\tVZEROUPPER")
 	p("\tRET")
 	p("")

@@ -27,6 +27,23 @@ DATA gemmlane0<>+52(SB)/4, $4
 DATA gemmlane0<>+56(SB)/4, $8
 DATA gemmlane0<>+60(SB)/4, $12
 GLOBL gemmlane0<>(SB), RODATA|NOPTR, $64
+DATA gemmtailmask<>+0(SB)/4, $0xffffffff
+DATA gemmtailmask<>+4(SB)/4, $0xffffffff
+DATA gemmtailmask<>+8(SB)/4, $0xffffffff
+DATA gemmtailmask<>+12(SB)/4, $0xffffffff
+DATA gemmtailmask<>+16(SB)/4, $0xffffffff
+DATA gemmtailmask<>+20(SB)/4, $0xffffffff
+DATA gemmtailmask<>+24(SB)/4, $0xffffffff
+DATA gemmtailmask<>+28(SB)/4, $0xffffffff
+DATA gemmtailmask<>+32(SB)/4, $0
+DATA gemmtailmask<>+36(SB)/4, $0
+DATA gemmtailmask<>+40(SB)/4, $0
+DATA gemmtailmask<>+44(SB)/4, $0
+DATA gemmtailmask<>+48(SB)/4, $0
+DATA gemmtailmask<>+52(SB)/4, $0
+DATA gemmtailmask<>+56(SB)/4, $0
+DATA gemmtailmask<>+60(SB)/4, $0
+GLOBL gemmtailmask<>(SB), RODATA|NOPTR, $64
 
 // func gemmQ8VNNIw1(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, ng int, out *float32)
 //
@@ -6814,6 +6831,356 @@ gemmF32x4x6_reduce:
 	VPERMPS Z26, Z30, Z26
 	VADDPS (R11), X26, X26
 	VMOVUPS X26, (R11)
+	VZEROUPPER
+	RET
+
+// func gemmF32AVX2x4x1(w *float32, ws int, x *float32, xs int, k int, dst *float32, ds int)
+//
+// 4 weight rows x 1 activation rows, 8 elements of k per step; the
+// tail is read with VMASKMOVPS (nothing past element k-1 is touched).
+// Lane j of an accumulator sums elements j mod 8 in order; the four
+// rows' accumulators are folded by one fixed VHADDPS tree and added to
+// dst, so every kernel width gives the same bits for an output.
+TEXT ·gemmF32AVX2x4x1(SB), NOSPLIT, $0-56
+	MOVQ w+0(FP), SI
+	MOVQ ws+8(FP), R8
+	MOVQ x+16(FP), DI
+	MOVQ xs+24(FP), R9
+	MOVQ k+32(FP), CX
+	MOVQ dst+40(FP), R11
+	MOVQ ds+48(FP), R12
+	LEAQ (R8)(R8*2), R13
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+gemmF32AVX2x4x1_loop:
+	CMPQ CX, $8
+	JL gemmF32AVX2x4x1_tail
+	VMOVUPS (SI), Y12
+	VMOVUPS (SI)(R8*1), Y13
+	VMOVUPS (SI)(R8*2), Y14
+	VMOVUPS (SI)(R13*1), Y15
+	VFMADD231PS (DI), Y12, Y0
+	VFMADD231PS (DI), Y13, Y1
+	VFMADD231PS (DI), Y14, Y2
+	VFMADD231PS (DI), Y15, Y3
+	ADDQ $32, SI
+	ADDQ $32, DI
+	SUBQ $8, CX
+	JMP gemmF32AVX2x4x1_loop
+gemmF32AVX2x4x1_tail:
+	TESTQ CX, CX
+	JZ gemmF32AVX2x4x1_reduce
+	LEAQ gemmtailmask<>(SB), AX
+	NEGQ CX
+	VMOVDQU 32(AX)(CX*4), Y12
+	VMASKMOVPS (SI), Y12, Y13
+	VMASKMOVPS (DI), Y12, Y14
+	VFMADD231PS Y14, Y13, Y0
+	VMASKMOVPS (SI)(R8*1), Y12, Y13
+	VMASKMOVPS (DI), Y12, Y14
+	VFMADD231PS Y14, Y13, Y1
+	VMASKMOVPS (SI)(R8*2), Y12, Y13
+	VMASKMOVPS (DI), Y12, Y14
+	VFMADD231PS Y14, Y13, Y2
+	VMASKMOVPS (SI)(R13*1), Y12, Y13
+	VMASKMOVPS (DI), Y12, Y14
+	VFMADD231PS Y14, Y13, Y3
+gemmF32AVX2x4x1_reduce:
+	VHADDPS Y1, Y0, Y13
+	VHADDPS Y3, Y2, Y14
+	VHADDPS Y14, Y13, Y13
+	VEXTRACTF128 $1, Y13, X14
+	VADDPS X14, X13, X13
+	VADDPS (R11), X13, X13
+	VMOVUPS X13, (R11)
+	VZEROUPPER
+	RET
+
+// func gemmF32AVX2x4x2(w *float32, ws int, x *float32, xs int, k int, dst *float32, ds int)
+//
+// 4 weight rows x 2 activation rows, 8 elements of k per step; the
+// tail is read with VMASKMOVPS (nothing past element k-1 is touched).
+// Lane j of an accumulator sums elements j mod 8 in order; the four
+// rows' accumulators are folded by one fixed VHADDPS tree and added to
+// dst, so every kernel width gives the same bits for an output.
+TEXT ·gemmF32AVX2x4x2(SB), NOSPLIT, $0-56
+	MOVQ w+0(FP), SI
+	MOVQ ws+8(FP), R8
+	MOVQ x+16(FP), DI
+	MOVQ xs+24(FP), R9
+	MOVQ k+32(FP), CX
+	MOVQ dst+40(FP), R11
+	MOVQ ds+48(FP), R12
+	LEAQ (R8)(R8*2), R13
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+gemmF32AVX2x4x2_loop:
+	CMPQ CX, $8
+	JL gemmF32AVX2x4x2_tail
+	VMOVUPS (SI), Y12
+	VMOVUPS (SI)(R8*1), Y13
+	VMOVUPS (SI)(R8*2), Y14
+	VMOVUPS (SI)(R13*1), Y15
+	VFMADD231PS (DI), Y12, Y0
+	VFMADD231PS (DI), Y13, Y1
+	VFMADD231PS (DI), Y14, Y2
+	VFMADD231PS (DI), Y15, Y3
+	VFMADD231PS (DI)(R9*1), Y12, Y4
+	VFMADD231PS (DI)(R9*1), Y13, Y5
+	VFMADD231PS (DI)(R9*1), Y14, Y6
+	VFMADD231PS (DI)(R9*1), Y15, Y7
+	ADDQ $32, SI
+	ADDQ $32, DI
+	SUBQ $8, CX
+	JMP gemmF32AVX2x4x2_loop
+gemmF32AVX2x4x2_tail:
+	TESTQ CX, CX
+	JZ gemmF32AVX2x4x2_reduce
+	LEAQ gemmtailmask<>(SB), AX
+	NEGQ CX
+	VMOVDQU 32(AX)(CX*4), Y12
+	VMASKMOVPS (SI), Y12, Y13
+	VMASKMOVPS (DI), Y12, Y14
+	VFMADD231PS Y14, Y13, Y0
+	VMASKMOVPS (DI)(R9*1), Y12, Y14
+	VFMADD231PS Y14, Y13, Y4
+	VMASKMOVPS (SI)(R8*1), Y12, Y13
+	VMASKMOVPS (DI), Y12, Y14
+	VFMADD231PS Y14, Y13, Y1
+	VMASKMOVPS (DI)(R9*1), Y12, Y14
+	VFMADD231PS Y14, Y13, Y5
+	VMASKMOVPS (SI)(R8*2), Y12, Y13
+	VMASKMOVPS (DI), Y12, Y14
+	VFMADD231PS Y14, Y13, Y2
+	VMASKMOVPS (DI)(R9*1), Y12, Y14
+	VFMADD231PS Y14, Y13, Y6
+	VMASKMOVPS (SI)(R13*1), Y12, Y13
+	VMASKMOVPS (DI), Y12, Y14
+	VFMADD231PS Y14, Y13, Y3
+	VMASKMOVPS (DI)(R9*1), Y12, Y14
+	VFMADD231PS Y14, Y13, Y7
+gemmF32AVX2x4x2_reduce:
+	VHADDPS Y1, Y0, Y13
+	VHADDPS Y3, Y2, Y14
+	VHADDPS Y14, Y13, Y13
+	VEXTRACTF128 $1, Y13, X14
+	VADDPS X14, X13, X13
+	VADDPS (R11), X13, X13
+	VMOVUPS X13, (R11)
+	ADDQ R12, R11
+	VHADDPS Y5, Y4, Y13
+	VHADDPS Y7, Y6, Y14
+	VHADDPS Y14, Y13, Y13
+	VEXTRACTF128 $1, Y13, X14
+	VADDPS X14, X13, X13
+	VADDPS (R11), X13, X13
+	VMOVUPS X13, (R11)
+	VZEROUPPER
+	RET
+
+// func gemmF32AVX2x4x3(w *float32, ws int, x *float32, xs int, k int, dst *float32, ds int)
+//
+// 4 weight rows x 3 activation rows, 8 elements of k per step; the
+// tail is read with VMASKMOVPS (nothing past element k-1 is touched).
+// Lane j of an accumulator sums elements j mod 8 in order; the four
+// rows' accumulators are folded by one fixed VHADDPS tree and added to
+// dst, so every kernel width gives the same bits for an output.
+TEXT ·gemmF32AVX2x4x3(SB), NOSPLIT, $0-56
+	MOVQ w+0(FP), SI
+	MOVQ ws+8(FP), R8
+	MOVQ x+16(FP), DI
+	MOVQ xs+24(FP), R9
+	MOVQ k+32(FP), CX
+	MOVQ dst+40(FP), R11
+	MOVQ ds+48(FP), R12
+	LEAQ (R8)(R8*2), R13
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+gemmF32AVX2x4x3_loop:
+	CMPQ CX, $8
+	JL gemmF32AVX2x4x3_tail
+	VMOVUPS (SI), Y12
+	VMOVUPS (SI)(R8*1), Y13
+	VMOVUPS (SI)(R8*2), Y14
+	VMOVUPS (SI)(R13*1), Y15
+	VFMADD231PS (DI), Y12, Y0
+	VFMADD231PS (DI), Y13, Y1
+	VFMADD231PS (DI), Y14, Y2
+	VFMADD231PS (DI), Y15, Y3
+	VFMADD231PS (DI)(R9*1), Y12, Y4
+	VFMADD231PS (DI)(R9*1), Y13, Y5
+	VFMADD231PS (DI)(R9*1), Y14, Y6
+	VFMADD231PS (DI)(R9*1), Y15, Y7
+	VFMADD231PS (DI)(R9*2), Y12, Y8
+	VFMADD231PS (DI)(R9*2), Y13, Y9
+	VFMADD231PS (DI)(R9*2), Y14, Y10
+	VFMADD231PS (DI)(R9*2), Y15, Y11
+	ADDQ $32, SI
+	ADDQ $32, DI
+	SUBQ $8, CX
+	JMP gemmF32AVX2x4x3_loop
+gemmF32AVX2x4x3_tail:
+	TESTQ CX, CX
+	JZ gemmF32AVX2x4x3_reduce
+	LEAQ gemmtailmask<>(SB), AX
+	NEGQ CX
+	VMOVDQU 32(AX)(CX*4), Y12
+	VMASKMOVPS (SI), Y12, Y13
+	VMASKMOVPS (DI), Y12, Y14
+	VFMADD231PS Y14, Y13, Y0
+	VMASKMOVPS (DI)(R9*1), Y12, Y14
+	VFMADD231PS Y14, Y13, Y4
+	VMASKMOVPS (DI)(R9*2), Y12, Y14
+	VFMADD231PS Y14, Y13, Y8
+	VMASKMOVPS (SI)(R8*1), Y12, Y13
+	VMASKMOVPS (DI), Y12, Y14
+	VFMADD231PS Y14, Y13, Y1
+	VMASKMOVPS (DI)(R9*1), Y12, Y14
+	VFMADD231PS Y14, Y13, Y5
+	VMASKMOVPS (DI)(R9*2), Y12, Y14
+	VFMADD231PS Y14, Y13, Y9
+	VMASKMOVPS (SI)(R8*2), Y12, Y13
+	VMASKMOVPS (DI), Y12, Y14
+	VFMADD231PS Y14, Y13, Y2
+	VMASKMOVPS (DI)(R9*1), Y12, Y14
+	VFMADD231PS Y14, Y13, Y6
+	VMASKMOVPS (DI)(R9*2), Y12, Y14
+	VFMADD231PS Y14, Y13, Y10
+	VMASKMOVPS (SI)(R13*1), Y12, Y13
+	VMASKMOVPS (DI), Y12, Y14
+	VFMADD231PS Y14, Y13, Y3
+	VMASKMOVPS (DI)(R9*1), Y12, Y14
+	VFMADD231PS Y14, Y13, Y7
+	VMASKMOVPS (DI)(R9*2), Y12, Y14
+	VFMADD231PS Y14, Y13, Y11
+gemmF32AVX2x4x3_reduce:
+	VHADDPS Y1, Y0, Y13
+	VHADDPS Y3, Y2, Y14
+	VHADDPS Y14, Y13, Y13
+	VEXTRACTF128 $1, Y13, X14
+	VADDPS X14, X13, X13
+	VADDPS (R11), X13, X13
+	VMOVUPS X13, (R11)
+	ADDQ R12, R11
+	VHADDPS Y5, Y4, Y13
+	VHADDPS Y7, Y6, Y14
+	VHADDPS Y14, Y13, Y13
+	VEXTRACTF128 $1, Y13, X14
+	VADDPS X14, X13, X13
+	VADDPS (R11), X13, X13
+	VMOVUPS X13, (R11)
+	ADDQ R12, R11
+	VHADDPS Y9, Y8, Y13
+	VHADDPS Y11, Y10, Y14
+	VHADDPS Y14, Y13, Y13
+	VEXTRACTF128 $1, Y13, X14
+	VADDPS X14, X13, X13
+	VADDPS (R11), X13, X13
+	VMOVUPS X13, (R11)
+	VZEROUPPER
+	RET
+
+// func gemmF32AVX2Rows1(w *float32, ws int, x *float32, cols, kc, nrows int, dst *float32)
+//
+// dst[r] = w_r . x for nrows (even) rows ws bytes apart, two rows at a
+// time (two weight streams, prefetched, and two independent FMA chains),
+// with the arithmetic of the AVX2 4 x a tiles for one output: per column
+// chunk of kc, lane j sums columns j mod 8 in order (masked tail), the
+// lanes are folded as their VHADDPS tree folds them, ((0+1)+(2+3)) +
+// ((4+5)+(6+7)), and the chunk sums are added in order to a total that
+// starts at +0.
+TEXT ·gemmF32AVX2Rows1(SB), NOSPLIT, $0-56
+	MOVQ w+0(FP), SI
+	MOVQ ws+8(FP), R8
+	MOVQ x+16(FP), R9
+	MOVQ cols+24(FP), R10
+	MOVQ kc+32(FP), R12
+	MOVQ nrows+40(FP), BX
+	MOVQ dst+48(FP), R11
+	LEAQ gemmtailmask<>(SB), R15
+	SHRQ $1, BX
+	TESTQ BX, BX
+	JZ avx2rows1_done
+avx2rows1_row:
+	MOVQ SI, AX
+	LEAQ (SI)(R8*1), R14
+	MOVQ R9, DI
+	MOVQ R10, DX
+	VXORPS X3, X3, X3
+	VXORPS X7, X7, X7
+avx2rows1_chunk:
+	MOVQ R12, CX
+	CMPQ DX, CX
+	CMOVQLT DX, CX
+	SUBQ CX, DX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y5, Y5, Y5
+avx2rows1_loop:
+	CMPQ CX, $8
+	JL avx2rows1_tail
+	PREFETCHT0 1024(AX)
+	PREFETCHT0 1024(R14)
+	VMOVUPS (DI), Y2
+	VFMADD231PS (AX), Y2, Y0
+	VFMADD231PS (R14), Y2, Y5
+	ADDQ $32, AX
+	ADDQ $32, R14
+	ADDQ $32, DI
+	SUBQ $8, CX
+	JMP avx2rows1_loop
+avx2rows1_tail:
+	TESTQ CX, CX
+	JZ avx2rows1_reduce
+	MOVQ CX, R13
+	NEGQ R13
+	VMOVDQU 32(R15)(R13*4), Y4
+	VMASKMOVPS (DI), Y4, Y2
+	VMASKMOVPS (AX), Y4, Y1
+	VFMADD231PS Y2, Y1, Y0
+	VMASKMOVPS (R14), Y4, Y1
+	VFMADD231PS Y2, Y1, Y5
+	SHLQ $2, CX
+	ADDQ CX, AX
+	ADDQ CX, R14
+	ADDQ CX, DI
+avx2rows1_reduce:
+	VHADDPS Y0, Y0, Y0
+	VHADDPS Y0, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDSS X1, X0, X0
+	VADDSS X3, X0, X3
+	VHADDPS Y5, Y5, Y5
+	VHADDPS Y5, Y5, Y5
+	VEXTRACTF128 $1, Y5, X1
+	VADDSS X1, X5, X5
+	VADDSS X7, X5, X7
+	TESTQ DX, DX
+	JNZ avx2rows1_chunk
+	VMOVSS X3, (R11)
+	VMOVSS X7, 4(R11)
+	LEAQ (SI)(R8*2), SI
+	ADDQ $8, R11
+	DECQ BX
+	JNZ avx2rows1_row
+avx2rows1_done:
 	VZEROUPPER
 	RET
 

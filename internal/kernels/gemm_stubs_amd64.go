@@ -84,3 +84,18 @@ func gemmF32x4x6(w *float32, ws int, x *float32, xs int, k int, dst *float32, ds
 
 // gemmF32Kernels[a-1] is the 4 x a kernel.
 var gemmF32Kernels = [...]func(w *float32, ws int, x *float32, xs int, k int, dst *float32, ds int){gemmF32x4x1, gemmF32x4x2, gemmF32x4x3, gemmF32x4x4, gemmF32x4x5, gemmF32x4x6}
+
+//go:noescape
+func gemmF32AVX2x4x1(w *float32, ws int, x *float32, xs int, k int, dst *float32, ds int)
+
+//go:noescape
+func gemmF32AVX2x4x2(w *float32, ws int, x *float32, xs int, k int, dst *float32, ds int)
+
+//go:noescape
+func gemmF32AVX2x4x3(w *float32, ws int, x *float32, xs int, k int, dst *float32, ds int)
+
+//go:noescape
+func gemmF32AVX2Rows1(w *float32, ws int, x *float32, cols, kc, nrows int, dst *float32)
+
+// gemmF32AVX2Kernels[a-1] is the AVX2 4 x a kernel.
+var gemmF32AVX2Kernels = [...]func(w *float32, ws int, x *float32, xs int, k int, dst *float32, ds int){gemmF32AVX2x4x1, gemmF32AVX2x4x2, gemmF32AVX2x4x3}

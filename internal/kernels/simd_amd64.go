@@ -84,7 +84,7 @@ func init() {
 		dotF16Variants = append(dotF16Variants, variant[func(a []float32, b []uint16) float32]{"avx2", dotF16AVX2Go})
 		f16ToF32sVariants = append(f16ToF32sVariants, variant[func(dst []float32, src []uint16)]{"avx2", f16ToF32sAVX2Go})
 		qTileVariants = append(qTileVariants, variant[qTileFn]{"avx2", qTileAVX2})
-		gemmF32Variants = append(gemmF32Variants, variant[gemmF32Fn]{"avx2", gemmF32Generic})
+		gemmF32Variants = append(gemmF32Variants, variant[gemmF32Fn]{"avx2", gemmF32AVX2})
 		kTileVariants = append(kTileVariants, variant[kTileFn]{"avx2", kTileAVX2})
 	}
 	if hasAVX512 {
@@ -271,16 +271,44 @@ func gemmF32AVX512(dst []float32, ds int, w []float32, cols, r0, r1 int, x []flo
 	}
 	// Bounds every kernel access stays within (a short slice panics here).
 	_, _, _ = w[r1*cols-1], x[n*cols-1], dst[(n-1)*ds+r1-1]
-	full := r0 + (r1-r0)&^3
-	maxA := len(gemmF32Kernels)
-	kcMax := f32ChunkCols(cols)
 	if n == 1 {
+		full := r0 + (r1-r0)&^3
 		if full > r0 {
-			gemmF32Rows1(&w[r0*cols], 4*cols, &x[0], cols, kcMax, full-r0, &dst[r0])
+			gemmF32Rows1(&w[r0*cols], 4*cols, &x[0], cols, f32ChunkCols(cols), full-r0, &dst[r0])
 		}
 		gemmF32Dots(dotImpl, dst, ds, w, cols, full, r1, x, n)
 		return
 	}
+	gemmF32Tiled(gemmF32Kernels[:], dst, ds, w, cols, r0, r1, x, n)
+}
+
+// gemmF32AVX2 is gemmF32AVX512 with the AVX2 kernels: one activation row
+// takes gemmF32AVX2Rows1 (one weight stream, the 4 x a tiles' arithmetic,
+// so its outputs are the bits it gets in any batch).
+func gemmF32AVX2(dst []float32, ds int, w []float32, cols, r0, r1 int, x []float32, n int) {
+	if n <= 0 || r1 <= r0 {
+		return
+	}
+	_, _, _ = w[r1*cols-1], x[n*cols-1], dst[(n-1)*ds+r1-1]
+	if n == 1 {
+		full := r0 + (r1-r0)&^3
+		if full > r0 {
+			gemmF32AVX2Rows1(&w[r0*cols], 4*cols, &x[0], cols, f32ChunkCols(cols), full-r0, &dst[r0])
+		}
+		gemmF32Dots(dotImpl, dst, ds, w, cols, full, r1, x, n)
+		return
+	}
+	gemmF32Tiled(gemmF32AVX2Kernels[:], dst, ds, w, cols, r0, r1, x, n)
+}
+
+// gemmF32Tiled runs the 4 x a tile kernels ks (ks[a-1] takes a activation
+// rows) over weight rows [r0, r1) in column chunks (f32ChunkCols); rows
+// left over from the groups of four take dot products. The caller has
+// checked the bounds.
+func gemmF32Tiled(ks []func(w *float32, ws int, x *float32, xs int, k int, dst *float32, ds int), dst []float32, ds int, w []float32, cols, r0, r1 int, x []float32, n int) {
+	full := r0 + (r1-r0)&^3
+	maxA := len(ks)
+	kcMax := f32ChunkCols(cols)
 	for i := 0; i < n; i++ {
 		clear(dst[i*ds+r0 : i*ds+full])
 	}
@@ -294,7 +322,7 @@ func gemmF32AVX512(dst []float32, ds int, w []float32, cols, r0, r1 int, x []flo
 				wp := &w[r*cols+k0]
 				for i := 0; i < n; i += maxA {
 					a := min(maxA, n-i)
-					gemmF32Kernels[a-1](wp, 4*cols, &x[i*cols+k0], 4*cols, kc, &dst[i*ds+r], 4*ds)
+					ks[a-1](wp, 4*cols, &x[i*cols+k0], 4*cols, kc, &dst[i*ds+r], 4*ds)
 				}
 			}
 		}
@@ -310,7 +338,7 @@ func gemmF32AVX512(dst []float32, ds int, w []float32, cols, r0, r1 int, x []flo
 					wp := &w[r*cols+k0]
 					for i := i0; i < i1; i += maxA {
 						a := min(maxA, i1-i)
-						gemmF32Kernels[a-1](wp, 4*cols, &x[i*cols+k0], 4*cols, kc, &dst[i*ds+r], 4*ds)
+						ks[a-1](wp, 4*cols, &x[i*cols+k0], 4*cols, kc, &dst[i*ds+r], 4*ds)
 					}
 				}
 			}

@@ -250,7 +250,7 @@ func TestQTileVariants(t *testing.T) {
 func TestGemmF32Variants(t *testing.T) {
 	rng := newRand(14)
 	for _, v := range gemmF32Variants {
-		for _, sh := range [][4]int{{4, 16, 1, 0}, {9, 17, 7, 1}, {13, 1100, 13, 2}, {8, 3, 2, 0}, {21, 515, 6, 5}, {7, 64, 3, 3}} {
+		for _, sh := range [][4]int{{4, 16, 1, 0}, {12, 1031, 1, 0}, {10, 37, 1, 2}, {9, 17, 7, 1}, {13, 1100, 13, 2}, {8, 3, 2, 0}, {21, 515, 6, 5}, {7, 64, 3, 3}} {
 			rows, cols, n, r0 := sh[0], sh[1], sh[2], sh[3]
 			w := randF32(rng, rows*cols)
 			x := randF32(rng, n*cols)
