@@ -211,7 +211,7 @@ certificate must name it (--name) with the role prefill.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runNodeRole(cmd, &nf, &lf, transfer.RolePrefill, func(ctx context.Context, n *node.Node, t link.Transport, _ *membership, logger *slog.Logger) error {
-				d, err := disagg.NewPrefill(disagg.PrefillConfig{Sched: n.Sched(), Layout: n.HandoffLayout(), Transport: t, Logger: logger})
+				d, err := disagg.NewPrefill(disagg.PrefillConfig{Sched: n.Sched(), Layout: n.HandoffLayout(), Transport: t, Logger: logger, Load: disagg.LoadOf(n)})
 				if err != nil {
 					return err
 				}
@@ -237,7 +237,7 @@ the gateway. Its certificate must name it (--name) with the role decode.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runNodeRole(cmd, &nf, &lf, transfer.RoleDecode, func(ctx context.Context, n *node.Node, t link.Transport, ms *membership, logger *slog.Logger) error {
-				d, err := disagg.NewDecode(disagg.DecodeConfig{Sched: n.Sched(), Layout: n.HandoffLayout(), Transport: t, Logger: logger})
+				d, err := disagg.NewDecode(disagg.DecodeConfig{Sched: n.Sched(), Layout: n.HandoffLayout(), Transport: t, Logger: logger, Load: disagg.LoadOf(n)})
 				if err != nil {
 					return err
 				}

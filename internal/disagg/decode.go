@@ -30,6 +30,10 @@ type DecodeConfig struct {
 	TickEvery time.Duration
 	Logger    *slog.Logger
 	Clock     func() time.Time // default time.Now
+	// Load reports the node's room and work to a gateway's LoadQuery
+	// (LoadOf); nil answers none, and gateways route on their own
+	// counts and leave the node out of rotation once it stays silent.
+	Load func() transfer.Load
 }
 
 // DecodeStats are a decode driver's counters.
@@ -138,6 +142,12 @@ func (d *Decode) inbound(ctx context.Context, in link.Inbound) {
 	case *transfer.Abort:
 		if err := d.recv.Step(from, m); err != nil {
 			d.log.Debug("abort refused", "from", from, "err", err)
+		}
+	case *transfer.LoadQuery:
+		if d.cfg.Load != nil {
+			l := d.cfg.Load()
+			l.Seq = m.Seq
+			d.send(ctx, from, &l)
 		}
 	default:
 		d.log.Warn("unexpected message on a decode node", "from", from, "type", in.Msg.Type())

@@ -122,7 +122,7 @@ func StartLocal(m *model.Model, cfg LocalConfig) (l *Local, err error) {
 				return nil, err
 			}
 			pc := cfg.Prefiller
-			pc.Sched, pc.Layout, pc.Transport, pc.Logger = n.Sched(), layout, t, cfg.Logger.With("node", name)
+			pc.Sched, pc.Layout, pc.Transport, pc.Logger, pc.Load = n.Sched(), layout, t, cfg.Logger.With("node", name), LoadOf(n)
 			d, err := NewPrefill(pc)
 			if err != nil {
 				return nil, err
@@ -139,7 +139,7 @@ func StartLocal(m *model.Model, cfg LocalConfig) (l *Local, err error) {
 			return nil, err
 		}
 		dc := cfg.Decoder
-		dc.Sched, dc.Layout, dc.Transport, dc.Logger = n.Sched(), layout, t, cfg.Logger.With("node", name)
+		dc.Sched, dc.Layout, dc.Transport, dc.Logger, dc.Load = n.Sched(), layout, t, cfg.Logger.With("node", name), LoadOf(n)
 		d, err := NewDecode(dc)
 		if err != nil {
 			return nil, err
@@ -161,6 +161,15 @@ func StartLocal(m *model.Model, cfg LocalConfig) (l *Local, err error) {
 	l.Router = rt
 	l.run(func() error { return rt.Run(ctx) })
 	return l, nil
+}
+
+// LoadOf is what a node's driver answers a gateway's LoadQuery with: the
+// figures its scheduler loop last published.
+func LoadOf(n *node.Node) func() transfer.Load {
+	return func() transfer.Load {
+		s := n.PoolStats()
+		return transfer.Load{UsablePages: n.SchedLimits().UsablePages, FreePages: s.PagesFree, CachedPages: s.PagesCached, Queued: s.QueueDepth, Running: s.Running}
+	}
 }
 
 // SplitKV divides the KV budget of o (KVMemory, or the default a single

@@ -26,6 +26,8 @@ type PrefillConfig struct {
 	TickEvery time.Duration // default 100ms
 	Logger    *slog.Logger
 	Clock     func() time.Time // default time.Now
+	// Load answers a gateway's LoadQuery, as DecodeConfig.Load.
+	Load func() transfer.Load
 
 	// corrupt, set only by tests, rewrites an export before it is sent
 	// (fault injection: a prefill node that sends what it should not).
@@ -129,6 +131,12 @@ func (p *Prefill) inbound(ctx context.Context, in link.Inbound) {
 	case *transfer.AbortAck, *transfer.Committed:
 		if err := p.send.Step(from, m); err != nil {
 			p.log.Debug("message refused", "from", from, "type", m.Type(), "err", err)
+		}
+	case *transfer.LoadQuery:
+		if p.cfg.Load != nil {
+			l := p.cfg.Load()
+			l.Seq = m.Seq
+			p.sendMsg(ctx, from, &l)
 		}
 	default:
 		p.log.Warn("unexpected message on a prefill node", "from", from, "type", in.Msg.Type())

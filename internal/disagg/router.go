@@ -55,7 +55,12 @@ type RouterConfig struct {
 	// opened) is left out of rotation before it is tried again (default
 	// 5s).
 	DownFor time.Duration
-	Logger  *slog.Logger
+	// LoadEvery is how often every node is asked for its load (default
+	// 250ms); SilentAfter is how long a node may leave a query
+	// unanswered before it is out of rotation (default 3s). See
+	// routerload.go.
+	LoadEvery, SilentAfter time.Duration
+	Logger                 *slog.Logger
 }
 
 // RouterStats are the router's counters.
@@ -83,6 +88,8 @@ type Router struct {
 	load            map[transfer.Peer]int       // requests in flight per prefill node
 	pages           map[transfer.Peer]int       // worst-case KV pages of the requests in flight per decode node
 	down            map[transfer.Peer]time.Time // nodes out of rotation, until
+	loads           map[transfer.Peer]*nodeLoad // what the nodes said of their load (routerload.go)
+	seq             uint64                      // of the latest LoadQuery
 	// affinity remembers which prefill node last computed a tenant's
 	// prompt prefix (its first page), so that the node's tenant-scoped
 	// prefix cache can serve the next prompt that starts the same way.
@@ -119,10 +126,16 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	if cfg.DownFor <= 0 {
 		cfg.DownFor = 5 * time.Second
 	}
+	if cfg.LoadEvery <= 0 {
+		cfg.LoadEvery = 250 * time.Millisecond
+	}
+	if cfg.SilentAfter <= 0 {
+		cfg.SilentAfter = 3 * time.Second
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Router{
+	return &Router{loads: make(map[transfer.Peer]*nodeLoad),
 		Vocabulary: cfg.Vocabulary, cfg: cfg, log: cfg.Logger,
 		prefill: slices.Clone(cfg.Prefill), decode: slices.Clone(cfg.Decode),
 		calls: make(map[request.Owner]*call), load: make(map[transfer.Peer]int), pages: make(map[transfer.Peer]int),
@@ -207,6 +220,7 @@ func (rt *Router) Submit(ctx context.Context, p request.Params) (gateway.Stream,
 	}
 	rt.calls[p.Owner] = c
 	rt.load[c.prefill]++
+	rt.sent(c.prefill, 0)
 	c.pages = request.MaxKVPages(len(p.Prompt), p.MaxTokens, rt.Limits().PageSize)
 	c.tried = map[transfer.Peer]bool{}
 	rt.mu.Unlock()
@@ -287,20 +301,23 @@ func prefixKey(p request.Params, pageSize int) (k [32]byte, ok bool) {
 
 // pickPrefill chooses p's prefill node among those in rotation: the one
 // that last computed p's prefix if it is not much busier than the rest,
-// else the one with the fewest requests in flight (any node when none is
-// in rotation: it may have come back; none when there is no prefill node).
-// Called with rt.mu held.
+// else the least busy (Router.work: its own account of its queue, and this
+// router's requests in flight); any node when none is in rotation (it may
+// have come back), none when there is no prefill node. Called with rt.mu
+// held.
 func (rt *Router) pickPrefill(p request.Params) transfer.Peer {
 	if len(rt.prefill) == 0 {
 		return ""
 	}
+	now := time.Now()
 	var best transfer.Peer
+	bestWork := 0
 	for _, n := range rt.prefill {
-		if rt.isDown(n) {
+		if rt.isDown(n) || rt.silent(n, now) {
 			continue
 		}
-		if best == "" || rt.load[n] < rt.load[best] {
-			best = n
+		if w := rt.work(n, rt.load[n]); best == "" || w < bestWork {
+			best, bestWork = n, w
 		}
 	}
 	if best == "" {
@@ -310,7 +327,7 @@ func (rt *Router) pickPrefill(p request.Params) transfer.Peer {
 	if !ok {
 		return best
 	}
-	if n, hit := rt.affinity[key]; hit && !rt.isDown(n) && slices.Contains(rt.prefill, n) && rt.load[n] <= rt.load[best]+affinitySlack {
+	if n, hit := rt.affinity[key]; hit && !rt.isDown(n) && !rt.silent(n, now) && slices.Contains(rt.prefill, n) && rt.work(n, rt.load[n]) <= bestWork+affinitySlack {
 		best = n
 	}
 	if len(rt.affinity) >= maxAffinity {
@@ -320,15 +337,37 @@ func (rt *Router) pickPrefill(p request.Params) transfer.Peer {
 	return best
 }
 
-// pickDecode chooses c's decode node: among those in rotation and not yet
-// tried for c, the one with the fewest KV pages promised to the requests
-// in flight on it (a node with no room refuses the reservation at once,
-// and the next one is tried). Called with rt.mu held.
+// pickDecode chooses c's decode node among those not yet tried for c:
+// first among the nodes in rotation whose last answer leaves room for the
+// whole request (prompt and max_tokens), the least busy, then the one
+// with the most room; then among the other nodes in rotation (no answer
+// yet, or too little room by their last one: a node refuses a reservation
+// it cannot hold, and the next is tried), the one with the fewest pages
+// promised by this router; then any untried node (it may have come
+// back). Called with rt.mu held.
 func (rt *Router) pickDecode(c *call) (transfer.Peer, bool) {
+	now := time.Now()
 	var best transfer.Peer
+	bestWork, bestRoom := 0, 0
+	for _, n := range rt.decode {
+		if c.tried[n] || rt.isDown(n) || rt.silent(n, now) {
+			continue
+		}
+		room, ok := rt.room(n)
+		if !ok || room < c.pages {
+			continue
+		}
+		w := rt.work(n, 0)
+		if best == "" || w < bestWork || (w == bestWork && room > bestRoom) {
+			best, bestWork, bestRoom = n, w, room
+		}
+	}
+	if best != "" {
+		return best, true
+	}
 	for _, pass := range []bool{false, true} { // in rotation first, then any untried
 		for _, n := range rt.decode {
-			if c.tried[n] || (!pass && rt.isDown(n)) {
+			if c.tried[n] || (!pass && (rt.isDown(n) || rt.silent(n, now))) {
 				continue
 			}
 			if best == "" || rt.pages[n] < rt.pages[best] {
@@ -379,6 +418,7 @@ func (rt *Router) reserve(c *call) error {
 	c.decode = d
 	c.tried[d] = true
 	rt.pages[d] += c.pages
+	rt.sent(d, c.pages)
 	c.epoch++
 	c.ref = transfer.Ref{Owner: c.owner, Epoch: c.epoch}
 	rt.mu.Unlock()
@@ -541,6 +581,13 @@ func (rt *Router) end(c *call, res request.Result) {
 func (rt *Router) Run(ctx context.Context) error {
 	defer close(rt.done)
 	inbox := rt.cfg.Transport.Inbox()
+	pctx, stopPoll := context.WithCancel(ctx)
+	polled := make(chan struct{})
+	go func() {
+		defer close(polled)
+		rt.poll(pctx)
+	}()
+	defer func() { stopPoll(); <-polled }()
 	for {
 		select {
 		case <-ctx.Done():
@@ -613,6 +660,8 @@ func (rt *Router) inbound(ctx context.Context, in link.Inbound) {
 		return
 	}
 	switch m := in.Msg.(type) {
+	case *transfer.Load:
+		rt.loaded(from, m)
 	case *transfer.Grant:
 		c := rt.owned(from, m.Ref, true)
 		if c == nil {
@@ -767,6 +816,11 @@ func (rt *Router) SetNodes(prefill, decode []transfer.Peer) {
 	for n, p := range rt.pages {
 		if p == 0 && !slices.Contains(decode, n) {
 			delete(rt.pages, n)
+		}
+	}
+	for n := range rt.loads {
+		if !slices.Contains(prefill, n) && !slices.Contains(decode, n) {
+			delete(rt.loads, n)
 		}
 	}
 	rt.mu.Unlock()

@@ -77,6 +77,11 @@ func handoffHops() []hop {
 		{dc, gw, &transfer.Tokens{Ref: ref, Start: 17, IDs: []int{0, 5, 1<<31 - 1}}},
 		{dc, gw, &transfer.Result{Ref: ref, Reason: request.FinishStop, Usage: request.Usage{PromptTokens: 4, CompletionTokens: 9, CachedTokens: 2}}},
 		{pf, gw, &transfer.Result{Ref: ref, Reason: request.FinishError, Code: transfer.CodeHandoff, Handoff: transfer.ReasonPageCountMismatch}},
+		// The load plane.
+		{gw, dc, &transfer.LoadQuery{Seq: 3}},
+		{dc, gw, &transfer.Load{Seq: 3, UsablePages: 40, FreePages: 20, CachedPages: 4, Queued: 1, Running: 2}},
+		{gw, pf, &transfer.LoadQuery{Seq: 4}},
+		{pf, gw, &transfer.Load{Seq: 4, UsablePages: 10, FreePages: 10}},
 	}
 }
 

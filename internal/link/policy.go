@@ -22,6 +22,8 @@ type Policy func(from, to transfer.Role, t transfer.MsgType) bool
 //	prefill                              gateway → prefill
 //	tokens                               decode → gateway
 //	result                               decode → gateway, prefill → gateway
+//	load_query                           gateway → prefill, decode
+//	load                                 prefill → gateway, decode → gateway
 //
 // Nothing else is allowed, and nothing between two nodes of one role.
 func DefaultPolicy(from, to transfer.Role, t transfer.MsgType) bool {
@@ -53,6 +55,10 @@ func DefaultPolicy(from, to transfer.Role, t transfer.MsgType) bool {
 		return e == pair{d, g}
 	case transfer.MsgResult:
 		return e == pair{d, g} || e == pair{p, g}
+	case transfer.MsgLoadQuery:
+		return e == pair{g, p} || e == pair{g, d}
+	case transfer.MsgLoad:
+		return e == pair{p, g} || e == pair{d, g}
 	}
 	return false
 }

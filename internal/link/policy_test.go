@@ -34,6 +34,10 @@ func TestDefaultPolicy(t *testing.T) {
 		{d, g, transfer.MsgTokens}:    true,
 		{d, g, transfer.MsgResult}:    true,
 		{p, g, transfer.MsgResult}:    true,
+		{g, p, transfer.MsgLoadQuery}: true,
+		{g, d, transfer.MsgLoadQuery}: true,
+		{p, g, transfer.MsgLoad}:      true,
+		{d, g, transfer.MsgLoad}:      true,
 	}
 	roles := []transfer.Role{g, p, d}
 	for _, from := range roles {

@@ -120,7 +120,10 @@ func DecodeFrame(frame []byte) (Message, error) {
 	case MsgHeartbeat:
 		m = &Heartbeat{d.ref()}
 	default:
-		m = d.requestPlane(h.Type)
+		var ok bool
+		if m, ok = d.loadPlane(h.Type); !ok {
+			m = d.requestPlane(h.Type)
+		}
 	}
 	if d.err == nil && len(d.b) != 0 {
 		d.fail("%d trailing bytes in a %v body", len(d.b), h.Type)
@@ -181,7 +184,7 @@ func AppendFrame(dst []byte, m Message) ([]byte, error) {
 	case *Heartbeat:
 		e.ref(m.Ref)
 	default:
-		if !e.requestPlane(m) {
+		if !e.loadPlane(m) && !e.requestPlane(m) {
 			return dst[:start], fmt.Errorf("%w: unknown message %T", ErrFrame, m)
 		}
 	}

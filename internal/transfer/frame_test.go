@@ -35,6 +35,8 @@ func sampleMessages() []Message {
 		&Abort{Ref: sampleRef(), Reason: ReasonDigestMismatch},
 		&AbortAck{Ref: sampleRef(), Drained: true},
 		&Heartbeat{sampleRef()},
+		&LoadQuery{Seq: 7},
+		&Load{Seq: 7, UsablePages: 100, FreePages: 60, CachedPages: 12, Queued: 3, Running: 9},
 	}
 }
 
@@ -95,6 +97,12 @@ func randomMessage(rng *rand.Rand) Message {
 	case MsgGenerate, MsgPrefill, MsgTokens, MsgResult:
 		ms := requestPlaneMessages()
 		return ms[rng.IntN(len(ms))]
+	case MsgLoadQuery:
+		return &LoadQuery{Seq: rng.Uint64()}
+	case MsgLoad:
+		usable := n(MaxPages)
+		free := n(usable)
+		return &Load{Seq: rng.Uint64(), UsablePages: usable, FreePages: free, CachedPages: n(usable - free), Queued: n(maxInt32), Running: n(maxInt32)}
 	default:
 		return &Heartbeat{ref}
 	}
@@ -197,23 +205,25 @@ func TestFrameBounds(t *testing.T) {
 		want  error
 		text  string
 	}{
-		{"body over the limit", rawFrame(1, MsgPage, 0, MaxFrameBody+1, nil), ErrFrame, "body"},
-		{"other version", rawFrame(2, MsgCommit, 0, len(refBytes()), refBytes()), ErrVersion, "version"},
-		{"unknown type", rawFrame(1, 0, 0, len(refBytes()), refBytes()), ErrFrame, "type"},
-		{"type beyond the last", rawFrame(1, numMsgTypes, 0, len(refBytes()), refBytes()), ErrFrame, "type"},
-		{"flags", rawFrame(1, MsgCommit, 1, len(refBytes()), refBytes()), ErrFrame, "flags"},
-		{"length beyond the frame", rawFrame(1, MsgCommit, 0, len(refBytes())+4, refBytes()), ErrFrame, "bytes for a"},
-		{"trailing bytes", rawFrame(1, MsgCommit, 0, len(refBytes())+1, cat(refBytes(), []byte{0})), ErrFrame, "trailing"},
-		{"page data beyond the limit", rawFrame(1, MsgPage, 0, len(refBytes())+12, cat(refBytes(), u32(0), u32(1), u32(MaxPageBytes+1))), ErrFrame, "page data of"},
-		{"page data beyond the body", rawFrame(1, MsgPage, 0, len(refBytes())+14, cat(refBytes(), u32(0), u32(1), u32(1000), []byte{1, 2})), ErrFrame, "remain"},
-		{"page index beyond the limit", rawFrame(1, MsgPage, 0, len(refBytes())+12, cat(refBytes(), u32(MaxPages), u32(1), u32(0))), ErrFrame, "page index"},
-		{"manifest pages beyond the limit", rawFrame(1, MsgManifest, 0, len(manifestHead(MaxPages+1)), manifestHead(MaxPages+1)), ErrFrame, "page count"},
+		{"body over the limit", rawFrame(ProtocolVersion, MsgPage, 0, MaxFrameBody+1, nil), ErrFrame, "body"},
+		{"other version", rawFrame(ProtocolVersion+1, MsgCommit, 0, len(refBytes()), refBytes()), ErrVersion, "version"},
+		{"unknown type", rawFrame(ProtocolVersion, 0, 0, len(refBytes()), refBytes()), ErrFrame, "type"},
+		{"type beyond the last", rawFrame(ProtocolVersion, numMsgTypes, 0, len(refBytes()), refBytes()), ErrFrame, "type"},
+		{"flags", rawFrame(ProtocolVersion, MsgCommit, 1, len(refBytes()), refBytes()), ErrFrame, "flags"},
+		{"length beyond the frame", rawFrame(ProtocolVersion, MsgCommit, 0, len(refBytes())+4, refBytes()), ErrFrame, "bytes for a"},
+		{"trailing bytes", rawFrame(ProtocolVersion, MsgCommit, 0, len(refBytes())+1, cat(refBytes(), []byte{0})), ErrFrame, "trailing"},
+		{"page data beyond the limit", rawFrame(ProtocolVersion, MsgPage, 0, len(refBytes())+12, cat(refBytes(), u32(0), u32(1), u32(MaxPageBytes+1))), ErrFrame, "page data of"},
+		{"page data beyond the body", rawFrame(ProtocolVersion, MsgPage, 0, len(refBytes())+14, cat(refBytes(), u32(0), u32(1), u32(1000), []byte{1, 2})), ErrFrame, "remain"},
+		{"page index beyond the limit", rawFrame(ProtocolVersion, MsgPage, 0, len(refBytes())+12, cat(refBytes(), u32(MaxPages), u32(1), u32(0))), ErrFrame, "page index"},
+		{"manifest pages beyond the limit", rawFrame(ProtocolVersion, MsgManifest, 0, len(manifestHead(MaxPages+1)), manifestHead(MaxPages+1)), ErrFrame, "page count"},
 		// The lists are checked against the bytes left before they are
 		// allocated: MaxPages entries are not made for a 100-byte frame.
-		{"manifest lists beyond the body", rawFrame(1, MsgManifest, 0, len(manifestHead(MaxPages)), manifestHead(MaxPages)), ErrFrame, "needs"},
-		{"int over 2^31", rawFrame(1, MsgGrant, 0, len(refBytes())+20, cat(refBytes(), u32(1), u32(1<<31), u32(1), make([]byte, 8))), ErrFrame, "prompt tokens"},
-		{"boolean 2", rawFrame(1, MsgAbortAck, 0, len(refBytes())+1, cat(refBytes(), []byte{2})), ErrFrame, "drained"},
-		{"string beyond the body", rawFrame(1, MsgCommit, 0, 17, cat(make([]byte, 16), []byte{200})), ErrFrame, "tenant"},
+		{"manifest lists beyond the body", rawFrame(ProtocolVersion, MsgManifest, 0, len(manifestHead(MaxPages)), manifestHead(MaxPages)), ErrFrame, "needs"},
+		{"int over 2^31", rawFrame(ProtocolVersion, MsgGrant, 0, len(refBytes())+20, cat(refBytes(), u32(1), u32(1<<31), u32(1), make([]byte, 8))), ErrFrame, "prompt tokens"},
+		{"boolean 2", rawFrame(ProtocolVersion, MsgAbortAck, 0, len(refBytes())+1, cat(refBytes(), []byte{2})), ErrFrame, "drained"},
+		{"string beyond the body", rawFrame(ProtocolVersion, MsgCommit, 0, 17, cat(make([]byte, 16), []byte{200})), ErrFrame, "tenant"},
+		{"load: more free than usable", rawFrame(ProtocolVersion, MsgLoad, 0, 28, cat(make([]byte, 8), u32(10), u32(8), u32(3), u32(0), u32(0))), ErrFrame, "free and"},
+		{"load: pages beyond the limit", rawFrame(ProtocolVersion, MsgLoad, 0, 28, cat(make([]byte, 8), u32(MaxPages+1), u32(0), u32(0), u32(0), u32(0))), ErrFrame, "usable pages"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -226,7 +236,7 @@ func TestFrameBounds(t *testing.T) {
 	if _, err := ParseHeader(make([]byte, HeaderSize-1)); !errors.Is(err, ErrFrame) {
 		t.Fatalf("short header: %v", err)
 	}
-	h, err := ParseHeader(rawFrame(1, MsgPage, 0, 40, nil))
+	h, err := ParseHeader(rawFrame(ProtocolVersion, MsgPage, 0, 40, nil))
 	if err != nil || h.FrameLen() != HeaderSize+40+TrailerSize {
 		t.Fatalf("header %+v, %v", h, err)
 	}

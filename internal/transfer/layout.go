@@ -12,7 +12,7 @@ import (
 
 // ProtocolVersion is the version of the handoff protocol and of its frame
 // format. It is part of every LayoutHash and every frame header.
-const ProtocolVersion uint16 = 1
+const ProtocolVersion uint16 = 2 // 2: the load plane (LoadQuery, Load)
 
 // Bounds on layout dimensions, as in kvcache: far above any real model,
 // and they keep every size computation inside int64.

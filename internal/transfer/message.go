@@ -24,6 +24,8 @@ const (
 	MsgPrefill                      // gateway → prefill: compute and hand off a prompt
 	MsgTokens                       // decode → gateway: generated tokens
 	MsgResult                       // decode, prefill → gateway: a request's end
+	MsgLoadQuery                    // gateway → prefill, decode: how loaded are you? (load.go)
+	MsgLoad                         // prefill, decode → gateway: the answer
 	numMsgTypes
 )
 
@@ -32,6 +34,7 @@ var msgNames = [...]string{
 	MsgManifest: "manifest", MsgCommit: "commit", MsgCommitted: "committed",
 	MsgAbort: "abort", MsgAbortAck: "abort_ack", MsgHeartbeat: "heartbeat",
 	MsgGenerate: "generate", MsgPrefill: "prefill", MsgTokens: "tokens", MsgResult: "result",
+	MsgLoadQuery: "load_query", MsgLoad: "load",
 }
 
 func (t MsgType) String() string {
