@@ -1,5 +1,5 @@
-// Package monitoring holds the alert rules; its test checks that every
-// metric they name is one pagewarden exports.
+// Package monitoring holds the alert rules and the Grafana dashboard; its
+// tests check that every metric they name is one pagewarden exports.
 package monitoring
 
 import (
@@ -36,6 +36,29 @@ func TestRulesNameExportedMetrics(t *testing.T) {
 	if err := yaml.Unmarshal(data, &rules); err != nil {
 		t.Fatal(err)
 	}
+	exported := exportedMetrics(t)
+	metricRe := regexp.MustCompile(`pagewarden_[a-z_]+`)
+	count := 0
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			for _, name := range metricRe.FindAllString(r.Expr, -1) {
+				count++
+				if !exported[name] {
+					t.Errorf("alert %s uses %s, which no pagewarden process exports", r.Alert, name)
+				}
+			}
+		}
+	}
+	if count < 10 {
+		t.Fatalf("only %d metric references in the rules", count)
+	}
+}
+
+// exportedMetrics returns the name of every metric a serving process (a
+// gateway over a node) exports, with the _bucket, _sum and _count series
+// of each name, as queries over histograms name them.
+func exportedMetrics(t *testing.T) map[string]bool {
+	t.Helper()
 	m, err := model.Load(model.BuiltinPrefix+"tiny", model.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -63,22 +86,10 @@ func TestRulesNameExportedMetrics(t *testing.T) {
 	nameRe := regexp.MustCompile(`fqName: "([^"]+)"`)
 	for d := range ch {
 		if m := nameRe.FindStringSubmatch(d.String()); m != nil {
-			exported[m[1]] = true
-		}
-	}
-	metricRe := regexp.MustCompile(`pagewarden_[a-z_]+`)
-	count := 0
-	for _, g := range rules.Groups {
-		for _, r := range g.Rules {
-			for _, name := range metricRe.FindAllString(r.Expr, -1) {
-				count++
-				if !exported[name] {
-					t.Errorf("alert %s uses %s, which no pagewarden process exports", r.Alert, name)
-				}
+			for _, suffix := range []string{"", "_bucket", "_sum", "_count"} {
+				exported[m[1]+suffix] = true
 			}
 		}
 	}
-	if count < 10 {
-		t.Fatalf("only %d metric references in the rules", count)
-	}
+	return exported
 }
