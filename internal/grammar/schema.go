@@ -265,6 +265,16 @@ type Grammar struct {
 // Spec returns the spec g was compiled from.
 func (g *Grammar) Spec() Spec { return g.spec }
 
+// Equal reports whether g and o were compiled from the same spec (and so
+// are the same automaton); two nil grammars are equal. go-cmp uses it.
+func (g *Grammar) Equal(o *Grammar) bool {
+	if g == nil || o == nil {
+		return g == o
+	}
+	a, b := g.spec, o.spec
+	return a.Kind == b.Kind && a.Strict == b.Strict && bytes.Equal(a.Schema, b.Schema)
+}
+
 // allowed keywords besides the ones compile reads; annotations only.
 var annotations = map[string]bool{
 	"title": true, "description": true, "default": true, "examples": true, "$schema": true,

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
+	"github.com/pagewarden/pagewarden/internal/grammar"
 	"github.com/pagewarden/pagewarden/internal/request"
 )
 
@@ -16,7 +18,11 @@ import (
 //	             temperature:f32 topK:int topP:f32 minP:f32 repetition:f32 seed:u64
 //	             presence:f32 frequency:f32 nBias:u16 bias×nBias
 //	             nStop:u8 stop:u32×nStop ignoreEOS:u8 salt:str16 priority:i32
+//	             constraint
 //	bias      := token:u32 bias:f32                (tokens strictly increasing)
+//	constraint := kind:u8                          0: none
+//	            | kind:u8 strict:u8 schema:bytes32 1: json_object (no schema),
+//	                                               2: json_schema (≤ grammar.MaxSchemaBytes)
 //	str16     := len:u16 bytes                     (≤ MaxSaltLen)
 //	Generate  := Reserve job                       gateway → decode
 //	Prefill   := Grant decode:str job              gateway → prefill
@@ -28,6 +34,10 @@ import (
 // the way in: finite sampling values in their ranges, token ids in int32,
 // bounded lists (a logit bias sorted, each token once), a boolean 0 or 1.
 // A peer cannot hand a node a NaN temperature or a negative max_tokens.
+// An output constraint travels as its spec and is compiled again on
+// decode (package grammar's checks, the same as the gateway's), so a peer
+// cannot hand a node a schema the gateway would have refused; the decode
+// node's automaton replays the first token the prefill node drew under it.
 
 // Bounds of the request plane.
 const (
@@ -237,6 +247,30 @@ func (e *encoder) job(j *Job) {
 		return
 	}
 	e.u32(uint32(int32(j.Priority)))
+	e.constraint(j.Sampling.Grammar)
+}
+
+func (e *encoder) constraint(g *grammar.Grammar) {
+	if g == nil {
+		e.u8(0)
+		return
+	}
+	sp := g.Spec()
+	switch {
+	case sp.Kind != grammar.JSONObject && sp.Kind != grammar.JSONSchema:
+		e.fail("constraint of kind %d", sp.Kind)
+		return
+	case sp.Kind == grammar.JSONObject && (sp.Strict || len(sp.Schema) > 0):
+		e.fail("json_object constraint with a schema")
+		return
+	}
+	e.u8(uint8(sp.Kind))
+	if sp.Strict {
+		e.u8(1)
+	} else {
+		e.u8(0)
+	}
+	e.bytes("constraint schema", sp.Schema, grammar.MaxSchemaBytes)
 }
 
 func (e *encoder) reserveBody(m *Reserve) {
@@ -379,7 +413,30 @@ func (d *decoder) job() Job {
 	j.IgnoreEOS = d.bool("ignore eos")
 	j.CacheSalt = d.str16("cache salt", MaxSaltLen)
 	j.Priority = int(int32(d.u32()))
+	j.Sampling.Grammar = d.constraint()
 	return j
+}
+
+// constraint decodes and compiles an output constraint: whatever grammar
+// refuses is refused here, as the gateway refused it.
+func (d *decoder) constraint() *grammar.Grammar {
+	k := d.u8()
+	if d.err != nil || k == 0 {
+		return nil
+	}
+	sp := grammar.Spec{Kind: grammar.Kind(k), Strict: d.bool("constraint strict")}
+	if b := d.bytes("constraint schema", grammar.MaxSchemaBytes); len(b) > 0 {
+		sp.Schema = slices.Clone(b) // the grammar keeps it; the frame's buffer is reused
+	}
+	if d.err != nil {
+		return nil
+	}
+	g, err := grammar.Compile(sp)
+	if err != nil {
+		d.fail("constraint: %v", err)
+		return nil
+	}
+	return g
 }
 
 func (d *decoder) grant() Grant {

@@ -11,15 +11,31 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/pagewarden/pagewarden/internal/grammar"
 	"github.com/pagewarden/pagewarden/internal/request"
 )
+
+func mustGrammar(kind grammar.Kind, strict bool, schema string) *grammar.Grammar {
+	var b []byte
+	if schema != "" {
+		b = []byte(schema)
+	}
+	g, err := grammar.Compile(grammar.Spec{Kind: kind, Strict: strict, Schema: b})
+	if err != nil {
+		panic(err)
+	}
+	return g
+}
+
+const jobSchema = `{"type":"object","properties":{"a":{"enum":["x",1]}},"required":["a"],"additionalProperties":false}`
 
 func sampleJob() Job {
 	return Job{
 		Prompt: []int{1, 200, 3, 1<<31 - 1}, MaxTokens: 30,
 		Sampling: request.Sampling{Temperature: 0.7, TopK: 40, TopP: 0.9, MinP: 0.05, RepetitionPenalty: 1.1, Seed: 1<<64 - 1,
 			PresencePenalty: -1.5, FrequencyPenalty: 2,
-			LogitBias: []request.TokenBias{{Token: 0, Bias: -request.MaxBias}, {Token: 261, Bias: 0.5}, {Token: 1<<31 - 1, Bias: request.MaxBias}}},
+			LogitBias: []request.TokenBias{{Token: 0, Bias: -request.MaxBias}, {Token: 261, Bias: 0.5}, {Token: 1<<31 - 1, Bias: request.MaxBias}},
+			Grammar:   mustGrammar(grammar.JSONSchema, true, jobSchema)},
 		StopTokens: []int{2, 7}, IgnoreEOS: true, CacheSalt: strings.Repeat("n", 300) + "|salt", Priority: -3,
 	}
 }
@@ -62,6 +78,8 @@ func requestPlaneMessages() []Message {
 		&Generate{Reserve: Reserve{Owner: owner("org_b", 4), Epoch: 1, PromptTokens: len(j.Prompt), MaxNewTokens: j.MaxTokens, Sender: "prefill-1"}, Job: j},
 		&Prefill{Grant: Grant{Ref: sampleRef(), PageCount: 1, PromptTokens: 4, MaxNewTokens: 30, LeaseTTL: Second}, Decode: "decode-2", Job: j},
 		&Prefill{Grant: Grant{Ref: sampleRef()}, Decode: "d", Job: Job{Prompt: []int{5}, MaxTokens: 1}},
+		&Prefill{Grant: Grant{Ref: sampleRef()}, Decode: "d", Job: Job{Prompt: []int{5}, MaxTokens: 1,
+			Sampling: request.Sampling{Grammar: mustGrammar(grammar.JSONObject, false, "")}}},
 		&Tokens{Ref: sampleRef(), Start: 17, IDs: []int{0, 5, 1<<31 - 1}},
 		&Tokens{Ref: sampleRef(), Start: 0, IDs: nil},
 		&Result{Ref: sampleRef(), Reason: request.FinishStop, Usage: request.Usage{PromptTokens: 4, CompletionTokens: 9, CachedTokens: 2}},
@@ -204,4 +222,50 @@ func TestErrorCodes(t *testing.T) {
 func reseal(b []byte) []byte {
 	end := len(b) - TrailerSize
 	return binary.BigEndian.AppendUint32(b[:end:end], crc32.Checksum(b[:end], castagnoli))
+}
+
+// TestJobConstraintRefused: an output constraint is compiled again on
+// decode, so bytes a peer made by hand get the gateway's refusals: an
+// unknown kind, a non-boolean strict flag, a schema the grammar does not
+// enforce, a json_object with a schema, an oversized schema.
+func TestJobConstraintRefused(t *testing.T) {
+	j := sampleJob()
+	j.Sampling.Grammar = nil
+	e := &encoder{}
+	e.job(&j)
+	if e.err != nil || e.b[len(e.b)-1] != 0 {
+		t.Fatalf("unconstrained job: %v, last byte %d", e.err, e.b[len(e.b)-1])
+	}
+	head := e.b[:len(e.b)-1]
+	with := func(kind, strict byte, schema string) []byte {
+		b := append(append([]byte(nil), head...), kind, strict)
+		b = binary.BigEndian.AppendUint32(b, uint32(len(schema)))
+		return append(b, schema...)
+	}
+	for _, tc := range []struct {
+		name, want string
+		b          []byte
+	}{
+		{"unknown kind", "constraint", with(3, 0, "")},
+		{"strict 2", "constraint strict", with(2, 2, `{"type":"object"}`)},
+		{"unsupported keyword", "pattern", with(2, 0, `{"type":"string","pattern":"a"}`)},
+		{"not JSON", "constraint", with(2, 0, `{"type":`)},
+		{"json_object with a schema", "constraint", with(1, 0, `{}`)},
+		{"oversized schema", "constraint schema", with(2, 0, strings.Repeat(" ", grammar.MaxSchemaBytes+1))},
+		{"cut short", "bytes", with(2, 0, `{"type":"object"}`)[:len(head)+8]},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &decoder{b: tc.b}
+			got := d.job()
+			if !errors.Is(d.err, ErrFrame) || !strings.Contains(d.err.Error(), tc.want) {
+				t.Errorf("decoded (%v): %v; want an error naming %q", got.Sampling.Grammar, d.err, tc.want)
+			}
+		})
+	}
+	// The positive control: the same bytes with a schema the grammar
+	// takes decode to that constraint.
+	d := &decoder{b: with(2, 1, jobSchema)}
+	if got := d.job(); d.err != nil || !got.Sampling.Grammar.Equal(mustGrammar(grammar.JSONSchema, true, jobSchema)) {
+		t.Fatalf("a valid constraint: %v", d.err)
+	}
 }

@@ -19,6 +19,9 @@ func TestCoreIsPure(t *testing.T) {
 	allowed := []string{
 		"container/heap", "crypto/sha256", "encoding/binary", "encoding/hex", "errors", "fmt",
 		"hash/crc32", "math", "slices", "strconv",
+		// A job's output constraint is compiled on decode: deterministic,
+		// no IO, clock or goroutines.
+		"github.com/pagewarden/pagewarden/internal/grammar",
 		"github.com/pagewarden/pagewarden/internal/invariants",
 		"github.com/pagewarden/pagewarden/internal/kvcache",
 		"github.com/pagewarden/pagewarden/internal/request",
