@@ -27,10 +27,22 @@ else
   echo "note: npm not found; the openai npm client compatibility tests are skipped"
 fi
 
-# The alert rules are checked by promtool, from Debian's prometheus package.
-if ! command -v promtool >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus) >/dev/null 2>&1 ||
-    echo "note: could not install promtool (Debian package prometheus)"
+# Debian packages some checks need, installed when root with apt-get (one
+# update for both): promtool checks the alert rules (package prometheus), and
+# a headless Chromium runs the admin page map's browser test (package
+# chromium).
+need=()
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  apt-get update -qq >/dev/null 2>&1 || true
+  for pkg in "${need[@]}"; do
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$pkg" >/dev/null 2>&1 ||
+      echo "note: could not install the Debian package $pkg"
+  done
+fi
+if ! command -v chromium >/dev/null 2>&1 && [ -z "${PAGEWARDEN_CHROMIUM:-}" ]; then
+  echo "note: chromium not found; the admin page map's browser test (internal/admin TestPageMapInBrowser) is SKIPPED"
 fi
 if command -v promtool >/dev/null 2>&1; then
   promtool check rules deploy/monitoring/alerts.yml
