@@ -95,6 +95,18 @@ func gemmF32AVX2x4x2(w *float32, ws int, x *float32, xs int, k int, dst *float32
 func gemmF32AVX2x4x3(w *float32, ws int, x *float32, xs int, k int, dst *float32, ds int)
 
 //go:noescape
+func axpyAVX2(dst *float32, a float32, x *float32, n int)
+
+//go:noescape
+func axpyF16AVX2(dst *float32, a float32, x *uint16, n int)
+
+//go:noescape
+func expSubAVX2(dst, src *float32, n int, c float32)
+
+//go:noescape
+func siluMulAVX2(dst, gate, up *float32, n int)
+
+//go:noescape
 func gemmF32AVX2Rows1(w *float32, ws int, x *float32, cols, kc, nrows int, dst *float32)
 
 // gemmF32AVX2Kernels[a-1] is the AVX2 4 x a kernel.

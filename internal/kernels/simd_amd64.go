@@ -86,6 +86,10 @@ func init() {
 		qTileVariants = append(qTileVariants, variant[qTileFn]{"avx2", qTileAVX2})
 		gemmF32Variants = append(gemmF32Variants, variant[gemmF32Fn]{"avx2", gemmF32AVX2})
 		kTileVariants = append(kTileVariants, variant[kTileFn]{"avx2", kTileAVX2})
+		axpyVariants = append(axpyVariants, variant[func([]float32, float32, []float32)]{"avx2", axpyAVX2Go})
+		axpyF16Variants = append(axpyF16Variants, variant[func([]float32, float32, []uint16)]{"avx2", axpyF16AVX2Go})
+		siluMulVariants = append(siluMulVariants, variant[func(dst, gate, up []float32)]{"avx2", siluMulAVX2Go})
+		softmaxVariants = append(softmaxVariants, variant[func(x []float32)]{"avx2", softmaxAVX2})
 	}
 	if hasAVX512 {
 		dotVariants = append(dotVariants, variant[func(a, b []float32) float32]{"avx512", dotAVX512})
@@ -398,10 +402,40 @@ func siluMulAVX512Go(dst, gate, up []float32) {
 	siluMulAVX512(&dst[0], &gate[0], &up[0], len(dst))
 }
 
+func axpyAVX2Go(dst []float32, a float32, x []float32) {
+	if len(dst) == 0 {
+		return
+	}
+	x = x[:len(dst)]
+	axpyAVX2(&dst[0], a, &x[0], len(dst))
+}
+
+func axpyF16AVX2Go(dst []float32, a float32, x []uint16) {
+	if len(dst) == 0 {
+		return
+	}
+	x = x[:len(dst)]
+	axpyF16AVX2(&dst[0], a, &x[0], len(dst))
+}
+
+func siluMulAVX2Go(dst, gate, up []float32) {
+	if len(dst) == 0 {
+		return
+	}
+	gate, up = gate[:len(dst)], up[:len(dst)]
+	siluMulAVX2(&dst[0], &gate[0], &up[0], len(dst))
+}
+
 // softmaxAVX512 is softmaxRef with the exponentials in assembly (about 1
 // ulp from the correctly rounded exp); the max, the float64 sum and the
 // scaling are the reference's, in its order.
-func softmaxAVX512(x []float32) {
+func softmaxAVX512(x []float32) { softmaxWith(expSubAVX512, x) }
+
+// softmaxAVX2 is softmaxAVX512 with the AVX2 exponentials.
+func softmaxAVX2(x []float32) { softmaxWith(expSubAVX2, x) }
+
+// softmaxWith is softmaxRef with the exponentials from expSub.
+func softmaxWith(expSub func(dst, src *float32, n int, c float32), x []float32) {
 	if len(x) == 0 {
 		return
 	}
@@ -411,7 +445,7 @@ func softmaxAVX512(x []float32) {
 			max = v
 		}
 	}
-	expSubAVX512(&x[0], &x[0], len(x), max)
+	expSub(&x[0], &x[0], len(x), max)
 	var sum float64
 	for _, e := range x {
 		sum += float64(e)
