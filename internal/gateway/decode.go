@@ -140,6 +140,9 @@ type genParams struct {
 	includeUsage bool
 	cacheSalt    string
 	user         string
+	// constraint is the request field the output constraint
+	// (sampling.Grammar) came from, "" when there is none.
+	constraint string
 }
 
 // message is a validated chat message.
@@ -312,6 +315,11 @@ func (f *commonFields) validate() (genParams, *apiError) {
 		g.stopTokens = f.StopTokenIDs
 	}
 	g.ignoreEOS = f.IgnoreEOS != nil && *f.IgnoreEOS
+	if gr, e := parseGuidedJSON(f.GuidedJSON); e != nil {
+		return g, e
+	} else if gr != nil {
+		g.sampling.Grammar, g.constraint = gr, "guided_json"
+	}
 	g.stream = f.Stream != nil && *f.Stream
 	if f.StreamOptions != nil {
 		if !g.stream {
@@ -417,6 +425,14 @@ func parseChat(body []byte) (genParams, []message, bool, *apiError) {
 	}
 	if e := req.checkAccepted(); e != nil {
 		return g, nil, false, e
+	}
+	if gr, e := parseResponseFormat(req.ResponseFormat); e != nil {
+		return g, nil, false, e
+	} else if gr != nil {
+		if g.sampling.Grammar != nil {
+			return g, nil, false, badRequest("response_format", "Send either 'response_format' or 'guided_json', not both.")
+		}
+		g.sampling.Grammar, g.constraint = gr, "response_format"
 	}
 	if len(req.Messages) == 0 {
 		return g, nil, false, badRequest("messages", "'messages' must be a non-empty array.")

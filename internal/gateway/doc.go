@@ -38,8 +38,11 @@
 //	                           min_p, repetition_penalty, ignore_eos,
 //	                           stop_token_ids (≤ 64 ids in the vocabulary;
 //	                           finish "stop", the token's text not shown),
-//	                           cache_salt
-//	honoured, chat             messages, add_generation_prompt
+//	                           cache_salt, guided_json (a JSON Schema, as
+//	                           an object or a string)
+//	honoured, chat             messages, add_generation_prompt,
+//	                           response_format (text, json_object,
+//	                           json_schema with strict)
 //	honoured, completions      prompt (one: text or token ids)
 //	accepted (no effect)       user; chat: metadata (≤ 16 pairs),
 //	                           prompt_cache_key, prompt_cache_retention,
@@ -47,15 +50,14 @@
 //	refused unless default     n (1), top_logprobs; chat: logprobs (false),
 //	                           tools ([]), tool_choice ("none"),
 //	                           parallel_tool_calls (true), functions ([]),
-//	                           function_call ("none"), response_format
-//	                           ({"type":"text"}), modalities (["text"]),
+//	                           function_call ("none"), modalities (["text"]),
 //	                           audio, prediction, reasoning_effort,
 //	                           verbosity, web_search_options, service_tier
 //	                           ("auto", "default"), store (false: stored
 //	                           completions cannot be read back here);
 //	                           completions: logprobs, echo (false),
 //	                           best_of (1), suffix ("")
-//	refused (vLLM, llama.cpp)  guided_json, guided_regex, guided_choice,
+//	refused (vLLM, llama.cpp)  guided_regex, guided_choice,
 //	                           guided_grammar, guided_decoding_backend,
 //	                           guided_whitespace_pattern, structured_outputs,
 //	                           grammar, json_schema, min_tokens (0),
@@ -71,6 +73,19 @@
 // absent, null or one of the defaults in parentheses (values that ask for
 // what the server does anyway). Unknown fields are accepted and ignored,
 // as OpenAI's server does.
+//
+// Structured output (response_format, guided_json) is constrained
+// decoding: package grammar compiles the schema into an automaton and the
+// engine masks every draw with it, so the output parses and validates (or,
+// cut by max_tokens, is a prefix of such output, with finish "length").
+// The JSON Schema subset is package grammar's: type, properties, required,
+// additionalProperties (false), items, enum, const, anyOf/oneOf whose
+// branches begin differently, $ref to $defs; any other keyword is a 400
+// unsupported_parameter naming response_format (or guided_json) and the
+// keyword. strict: true needs every property required and
+// additionalProperties: false, as OpenAI's does. Properties come in the
+// schema's order, with at most one space between tokens. Not with
+// ignore_eos (the value ends with the end-of-sequence token).
 //
 // Chat prompts are rendered with the model's GGUF chat template through
 // package chattmpl; when the model has none, or its template cannot be

@@ -80,13 +80,14 @@ var sharedFields = concat(
 	honour("model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options",
 		"presence_penalty", "frequency_penalty", "logit_bias",
 		// Extensions, with vLLM's meaning.
-		"max_completion_tokens", "top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "cache_salt"),
+		"max_completion_tokens", "top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "cache_salt",
+		// A JSON Schema the output must validate against (package grammar).
+		"guided_json"),
 	accept("user"),
 	[]knownField{
 		refuse("n", "'n' other than 1", "1"),
 		refuse("top_logprobs", "'top_logprobs'"),
 		// vLLM's extensions this server does not implement.
-		refuse("guided_json", "Guided decoding ('guided_json')"),
 		refuse("guided_regex", "Guided decoding ('guided_regex')"),
 		refuse("guided_choice", "Guided decoding ('guided_choice')"),
 		refuse("guided_grammar", "Guided decoding ('guided_grammar')"),
@@ -109,7 +110,7 @@ var sharedFields = concat(
 // chatFields are /v1/chat/completions' known fields: every field of
 // OpenAI's chat completion request, and the extensions above.
 var chatFields = concat(sharedFields,
-	honour("messages", "add_generation_prompt"),
+	honour("messages", "add_generation_prompt", "response_format"),
 	// Not sampling knobs. metadata and store go with OpenAI's stored
 	// completions, which this server does not keep (store: true is
 	// refused, since a client would then expect to read them back);
@@ -124,7 +125,6 @@ var chatFields = concat(sharedFields,
 		refuse("parallel_tool_calls", "Tool calling ('parallel_tool_calls': false)", "true"),
 		refuse("functions", "Function calling", "[]"),
 		refuse("function_call", "Function calling ('function_call' other than \"none\")", `"none"`),
-		refuse("response_format", "'response_format' other than text", `{"type":"text"}`),
 		refuse("modalities", "Output modalities other than text", `["text"]`),
 		refuse("audio", "Audio output"),
 		refuse("prediction", "Predicted outputs"),

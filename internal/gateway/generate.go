@@ -210,6 +210,9 @@ func (c *call) generate(prompt []int, promptParam string, g genParams, resp resp
 	if e := s.checkTokenIDs(&g); e != nil {
 		return e
 	}
+	if e := s.checkConstraint(&g); e != nil {
+		return e
+	}
 	maxTokens, pages, e := s.charge(len(prompt), promptParam, &g, c.tenant.Limits.MaxKVPages)
 	if e != nil {
 		return e
@@ -262,6 +265,22 @@ func (c *call) generate(prompt []int, promptParam string, g genParams, resp resp
 	}
 	c.completionTokens = count
 	return e
+}
+
+// checkConstraint refuses what an output constraint cannot be combined
+// with: it ends the value by an end-of-generation token, which the model
+// must have and ignore_eos would skip.
+func (s *Server) checkConstraint(g *genParams) *apiError {
+	if g.sampling.Grammar == nil {
+		return nil
+	}
+	if s.backend.EOS() < 0 {
+		return unsupported(g.constraint, fmt.Sprintf("'%s' with a model that has no end-of-sequence token", g.constraint))
+	}
+	if g.ignoreEOS {
+		return badRequest("ignore_eos", "'ignore_eos' cannot be combined with '%s': a structured output ends with the end-of-sequence token once the value is complete.", g.constraint)
+	}
+	return nil
 }
 
 // checkTokenIDs refuses token ids the client named (logit_bias keys,

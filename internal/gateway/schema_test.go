@@ -12,6 +12,7 @@ import (
 
 	"github.com/pagewarden/pagewarden/internal/gateway"
 	"github.com/pagewarden/pagewarden/internal/gateway/gatewaytest"
+	"github.com/pagewarden/pagewarden/internal/grammar"
 	"github.com/pagewarden/pagewarden/internal/request"
 )
 
@@ -68,6 +69,23 @@ func moves(edit func(*request.Params)) func(*testing.T, request.Params, request.
 		if diff := cmp.Diff(want, p); diff != "" {
 			t.Errorf("params (-want +got):\n%s", diff)
 		}
+	}
+}
+
+// constrains checks that the field set an output constraint of kind and
+// schema (compact JSON) and changed nothing else.
+func constrains(kind grammar.Kind, schema string) func(*testing.T, request.Params, request.Params, response) {
+	return func(t *testing.T, base, p request.Params, r response) {
+		t.Helper()
+		g := p.Sampling.Grammar
+		if g == nil {
+			t.Fatal("no constraint reached the backend")
+		}
+		if sp := g.Spec(); sp.Kind != kind || string(sp.Schema) != schema {
+			t.Errorf("constraint %d %s; want %d %s", sp.Kind, sp.Schema, kind, schema)
+		}
+		p.Sampling.Grammar = nil
+		moves(func(*request.Params) {})(t, base, p, r)
 	}
 }
 
@@ -180,7 +198,8 @@ var sharedCases = []fieldCase{
 	acceptedField("user", "user-1"),
 	refusedField("n", 2, 1, 1.0),
 	refusedField("top_logprobs", 2),
-	refusedField("guided_json", map[string]any{"type": "object"}),
+	{field: "guided_json", use: "honoured", value: map[string]any{"type": "object", "properties": map[string]any{"a": map[string]any{"type": "integer"}}},
+		check: constrains(grammar.JSONSchema, `{"properties":{"a":{"type":"integer"}},"type":"object"}`)},
 	refusedField("guided_regex", "a+"),
 	refusedField("guided_choice", []string{"a", "b"}),
 	refusedField("guided_grammar", "root ::= \"a\""),
@@ -222,7 +241,10 @@ var chatCases = []fieldCase{
 	refusedField("parallel_tool_calls", false, true),
 	refusedField("functions", []any{map[string]any{"name": "f"}}, []any{}),
 	refusedField("function_call", "auto", "none"),
-	refusedField("response_format", map[string]any{"type": "json_object"}, map[string]any{"type": "text"}),
+	{field: "response_format", use: "honoured", value: map[string]any{"type": "json_schema", "json_schema": map[string]any{
+		"name": "n", "strict": true, "schema": map[string]any{"type": "object", "properties": map[string]any{"b": map[string]any{"type": "boolean"}},
+			"required": []string{"b"}, "additionalProperties": false}}},
+		check: constrains(grammar.JSONSchema, `{"additionalProperties":false,"properties":{"b":{"type":"boolean"}},"required":["b"],"type":"object"}`)},
 	refusedField("modalities", []string{"text", "audio"}, []string{"text"}),
 	refusedField("audio", map[string]any{"voice": "alloy", "format": "wav"}),
 	refusedField("prediction", map[string]any{"type": "content", "content": "Hello"}),
