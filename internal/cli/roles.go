@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -128,11 +130,108 @@ func serveMetrics(cmd *cobra.Command, addr string, reg *prometheus.Registry) (fu
 	return func() { srv.Close() }, nil
 }
 
-// runNodeRole starts a node for a prefill or decode role and runs the
-// driver run builds until the command's context ends.
-func runNodeRole(cmd *cobra.Command, nf *nodeFlags, lf *linkFlags, role transfer.Role,
-	run func(ctx context.Context, n *node.Node, t link.Transport, ms *membership, logger *slog.Logger) error,
-) error {
+// alsoFlags are the other role a prefill or decode process runs beside
+// its own when the operator asks for it (--also-decode, --also-prefill):
+// a second node on the same model in memory, with its own KV pool,
+// scheduler, name, link and certificate (a certificate names one node in
+// one role, so the second role has its own), paired with the others
+// through the same handshake and handoff as any node.
+type alsoFlags struct {
+	role                    transfer.Role // the other role
+	on                      bool
+	name, listen, cert, key string
+}
+
+func (a *alsoFlags) register(c *cobra.Command, own transfer.Role) {
+	a.role = transfer.RoleDecode
+	if own == transfer.RoleDecode {
+		a.role = transfer.RolePrefill
+	}
+	f := "also-" + a.role.String()
+	c.Flags().BoolVar(&a.on, f, false, fmt.Sprintf("also run a %s node in this process: the model is loaded once, --kv-memory is split between the two nodes "+
+		"(a quarter to prefill, the rest to decode, as serve does), and the %s node has its own name, link and certificate (--%s-*)", a.role, a.role, f))
+	c.Flags().StringVar(&a.name, f+"-name", "", fmt.Sprintf("with --%s: the %s node's name (its certificate's)", f, a.role))
+	c.Flags().StringVar(&a.listen, f+"-link-listen", "127.0.0.1:0", fmt.Sprintf("with --%s: the address other nodes reach the %s node on", f, a.role))
+	c.Flags().StringVar(&a.cert, f+"-tls-cert", "", fmt.Sprintf("with --%s: the %s node's certificate (PEM; role %s, chained to --tls-ca)", f, a.role, a.role))
+	c.Flags().StringVar(&a.key, f+"-tls-key", "", fmt.Sprintf("with --%s: the %s node's private key (PEM)", f, a.role))
+	if own == transfer.RoleDecode {
+		// The prefill half must reach the decode nodes the gateway pairs
+		// it with; this process's own decode node is added by itself.
+		c.Flags().StringSlice("decode", nil, "with --also-prefill: other decode nodes its prefill node sends pages to, NAME=HOST:PORT (this process's decode node is always one)")
+	}
+}
+
+// check refuses half a configuration: flags of the other role without
+// --also-ROLE, or --also-ROLE without its name and certificate.
+func (a *alsoFlags) check(c *cobra.Command, lf *linkFlags) error {
+	f := "also-" + a.role.String()
+	if !a.on {
+		for _, name := range []string{"-name", "-link-listen", "-tls-cert", "-tls-key"} {
+			if c.Flags().Changed(f + name) {
+				return usagef("--%s%s needs --%s", f, name, f)
+			}
+		}
+		if a.role == transfer.RolePrefill && c.Flags().Changed("decode") {
+			return usagef("--decode on a decode node needs --also-prefill (it lists where the prefill node sends pages)")
+		}
+		return nil
+	}
+	switch {
+	case a.name == "" || a.cert == "" || a.key == "":
+		return usagef("--%s needs --%s-name, --%s-tls-cert and --%s-tls-key: the %s node's identity (pagewarden certs --node NAME:%s)", f, f, f, f, a.role, a.role)
+	case a.name == lf.name:
+		return usagef("--%s-name %q is this node's own --name: every node needs a name of its own", f, a.name)
+	case a.listen == "":
+		return usagef("--%s-link-listen is required: the address other nodes reach the %s node on", f, a.role)
+	}
+	return nil
+}
+
+// linkFlags returns the other role's link flags: lf's CA, peers, etcd
+// and logging, with the other node's name, listener and certificate.
+func (a *alsoFlags) linkFlags(lf *linkFlags) *linkFlags {
+	o := *lf
+	o.name, o.listen, o.cert, o.key = a.name, a.listen, a.cert, a.key
+	o.etcd.advertise = "" // --advertise-addr is the first node's
+	return &o
+}
+
+// roleNode is one node a prefill or decode process runs.
+type roleNode struct {
+	role   transfer.Role
+	lf     *linkFlags
+	n      *node.Node
+	t      *link.GRPC
+	ms     *membership
+	logger *slog.Logger
+}
+
+// run runs the node's driver until ctx ends or its registration is lost.
+func (r *roleNode) run(ctx context.Context) error {
+	return r.ms.untilLost(ctx, func(ctx context.Context) error {
+		if r.role == transfer.RolePrefill {
+			d, err := disagg.NewPrefill(disagg.PrefillConfig{Sched: r.n.Sched(), Layout: r.n.HandoffLayout(), Transport: r.t, Logger: r.logger, Load: disagg.LoadOf(r.n)})
+			if err != nil {
+				return err
+			}
+			return d.Run(ctx)
+		}
+		d, err := disagg.NewDecode(disagg.DecodeConfig{Sched: r.n.Sched(), Layout: r.n.HandoffLayout(), Transport: r.t, Logger: r.logger, Load: disagg.LoadOf(r.n)})
+		if err != nil {
+			return err
+		}
+		// With --etcd, a prefill node or gateway that leaves the cluster
+		// takes its reservations here with it, at once.
+		r.ms.onPeerLeft(d.PeerLeft)
+		return d.Run(ctx)
+	})
+}
+
+// runNodeRole runs a prefill or decode process: its node, and with
+// --also-ROLE the other role's node beside it, until the command's
+// context ends or either node stops (a registration lost, a link closed):
+// a process is up only while both its nodes are.
+func runNodeRole(cmd *cobra.Command, nf *nodeFlags, lf *linkFlags, role transfer.Role, also *alsoFlags) error {
 	o, err := nf.options()
 	if err != nil {
 		return err
@@ -140,39 +239,106 @@ func runNodeRole(cmd *cobra.Command, nf *nodeFlags, lf *linkFlags, role transfer
 	if err := lf.etcd.check(lf); err != nil {
 		return err
 	}
-	peers := map[transfer.Peer]string{}
-	if _, err := parsePeers("decode", lf.decode, peers); err != nil {
+	if err := also.check(cmd, lf); err != nil {
 		return err
 	}
-	if role == transfer.RolePrefill && len(peers) == 0 && !lf.etcd.enabled() {
+	nodes := []*roleNode{{role: role, lf: lf}}
+	if also.on {
+		nodes = append(nodes, &roleNode{role: also.role, lf: also.linkFlags(lf)})
+	}
+	var prefill *roleNode
+	for _, r := range nodes {
+		if r.role == transfer.RolePrefill {
+			prefill = r
+		}
+	}
+	peers := map[transfer.Peer]string{}
+	decodes := lf.decode
+	if role == transfer.RoleDecode && also.on {
+		decodes, _ = cmd.Flags().GetStringSlice("decode")
+	}
+	if _, err := parsePeers("decode", decodes, peers); err != nil {
+		return err
+	}
+	if prefill != nil && len(peers) == 0 && !lf.etcd.enabled() && !also.on {
 		return usagef("--decode (or --etcd) is required: the decode nodes this prefill node sends pages to")
 	}
-	logger := lf.log.logger(cmd.ErrOrStderr()).With("node", lf.name, "role", role.String())
+	for _, r := range nodes {
+		if r.lf.listen == "" {
+			return usagef("--link-listen is required: the address other nodes reach this one on")
+		}
+	}
+	logger := lf.log.logger(cmd.ErrOrStderr())
 	invariants.SetStrict(false)
-	o.Logger = logger
 	m, err := nf.load()
 	if err != nil {
 		return err
 	}
-	n, err := node.Start(m, o)
-	if err != nil {
-		m.Close()
-		return err
+	// The nodes share the model; it is closed once both are.
+	defer m.Close()
+	budgets := []int64{o.KVMemory}
+	if also.on {
+		p, d, err := disagg.SplitKV(m, o, 1, 1)
+		if err != nil {
+			return err
+		}
+		budgets = []int64{d, d}
+		budgets[slices.IndexFunc(nodes, func(r *roleNode) bool { return r.role == transfer.RolePrefill })] = p
 	}
-	defer n.Close()
-	if lf.listen == "" {
-		return usagef("--link-listen is required: the address other nodes reach this one on")
+	var set disagg.NodeSet
+	for i, r := range nodes {
+		no := o
+		no.KVMemory, no.KeepModel = budgets[i], true
+		r.logger = logger.With("node", r.lf.name, "role", r.role.String())
+		no.Logger = r.logger
+		if r.n, err = node.Start(m, no); err != nil {
+			return err
+		}
+		defer r.n.Close()
+		set.Names, set.Nodes = append(set.Names, r.lf.name), append(set.Nodes, r.n)
 	}
-	t, tl, err := lf.transport(role, n.HandoffLayout(), peers, logger)
-	if err != nil {
-		return err
+	// Links start decode first, so that a prefill node beside a decode
+	// node can send to it: it is dialled at its listener like any other.
+	order := slices.Clone(nodes)
+	slices.SortStableFunc(order, func(a, b *roleNode) int { return cmp.Compare(b.role, a.role) })
+	for _, r := range order {
+		var tp map[transfer.Peer]string
+		if r.role == transfer.RolePrefill {
+			tp = peers
+			for _, d := range order {
+				if d.role == transfer.RoleDecode {
+					if _, dup := tp[transfer.Peer(d.lf.name)]; dup {
+						return usagef("--decode names %s, the decode node of this process", d.lf.name)
+					}
+					tp[transfer.Peer(d.lf.name)] = d.t.Addr().String()
+				}
+			}
+		}
+		var tl *link.TLS
+		if r.t, tl, err = r.lf.transport(r.role, r.n.HandoffLayout(), tp, r.logger); err != nil {
+			return err
+		}
+		defer r.t.Close()
+		lim := r.n.SchedLimits()
+		if lf.etcd.enabled() {
+			if r.ms, err = lf.etcd.joinCluster(cmd, r.lf, r.role, r.t, tl, r.n.HandoffLayout(), lim.UsablePages, lim.SafetyMargin, nil, r.logger); err != nil {
+				return err
+			}
+			defer r.ms.close()
+		}
+		r.logger.Info("serving", "link", r.t.Addr().String(), "model", m.Name, "max_context", lim.MaxContext, "kv_pages", lim.UsablePages, "page_size", lim.PageSize)
 	}
-	defer t.Close()
 	reg := prometheus.NewRegistry()
-	if err := reg.Register(n.Collector()); err != nil {
+	var src gateway.StatsSource = nodes[0].n
+	if len(nodes) == 1 {
+		err = reg.Register(nodes[0].n.Collector())
+	} else {
+		src, err = set, set.RegisterMetrics(reg)
+	}
+	if err != nil {
 		return err
 	}
-	for _, c := range append(gateway.PoolCollectors(n), gateway.ProcessCollectors()...) {
+	for _, c := range append(gateway.PoolCollectors(src), gateway.ProcessCollectors()...) {
 		if err := reg.Register(c); err != nil {
 			return err
 		}
@@ -182,74 +348,76 @@ func runNodeRole(cmd *cobra.Command, nf *nodeFlags, lf *linkFlags, role transfer
 		return err
 	}
 	defer stop()
-	lim := n.SchedLimits()
-	var ms *membership
-	if lf.etcd.enabled() {
-		if ms, err = lf.etcd.joinCluster(cmd, lf, role, t, tl, n.HandoffLayout(), lim.UsablePages, lim.SafetyMargin, nil, logger); err != nil {
-			return err
-		}
-		defer ms.close()
+	for _, r := range nodes {
+		fmt.Fprintf(cmd.ErrOrStderr(), "%s %s linked on %s\n", r.role, r.lf.name, r.t.Addr())
 	}
-	logger.Info("serving", "link", t.Addr().String(), "model", m.Name, "max_context", lim.MaxContext, "kv_pages", lim.UsablePages, "page_size", lim.PageSize)
-	fmt.Fprintf(cmd.ErrOrStderr(), "%s %s linked on %s\n", role, lf.name, t.Addr())
 	// With etcd, a lost registration stops the driver (every request it
 	// holds ends; the gateway failed them already when the lease
-	// expired) and the role exits with the loss as its error.
-	return ms.untilLost(cmd.Context(), func(ctx context.Context) error { return run(ctx, n, t, ms, logger) })
+	// expired) and the role exits with the loss as its error; the other
+	// node of the process stops with it.
+	ctx, cancel := context.WithCancel(cmd.Context())
+	defer cancel()
+	errs := make(chan error, len(nodes))
+	for _, r := range nodes {
+		go func() { errs <- r.run(ctx) }()
+	}
+	first := <-errs
+	cancel()
+	for range len(nodes) - 1 {
+		if err := <-errs; first == nil {
+			first = err
+		}
+	}
+	return first
 }
 
 func prefillCmd() *cobra.Command {
 	var nf nodeFlags
 	var lf linkFlags
+	var also alsoFlags
 	c := &cobra.Command{
 		Use:   "prefill",
 		Short: "Run a prefill node: compute prompts and hand their KV pages to decode nodes",
 		Long: `Run a prefill node. The gateway sends it prompts (with a decode node's
 reservation); it computes each prompt's KV cache and streams the pages, a
 manifest and a commit to that decode node over gRPC with mutual TLS. Its
-certificate must name it (--name) with the role prefill.`,
+certificate must name it (--name) with the role prefill.
+
+With --also-decode the process runs a decode node too, on the same model in
+memory (only when the operator asks: each role otherwise runs alone).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runNodeRole(cmd, &nf, &lf, transfer.RolePrefill, func(ctx context.Context, n *node.Node, t link.Transport, _ *membership, logger *slog.Logger) error {
-				d, err := disagg.NewPrefill(disagg.PrefillConfig{Sched: n.Sched(), Layout: n.HandoffLayout(), Transport: t, Logger: logger, Load: disagg.LoadOf(n)})
-				if err != nil {
-					return err
-				}
-				return d.Run(ctx)
-			})
+			return runNodeRole(cmd, &nf, &lf, transfer.RolePrefill, &also)
 		},
 	}
 	nf.register(c)
 	lf.register(c, transfer.RolePrefill)
+	also.register(c, transfer.RolePrefill)
 	return c
 }
 
 func decodeCmd() *cobra.Command {
 	var nf nodeFlags
 	var lf linkFlags
+	var also alsoFlags
 	c := &cobra.Command{
 		Use:   "decode",
 		Short: "Run a decode node: reserve pages, take handoffs from prefill nodes, generate",
 		Long: `Run a decode node. The gateway asks it to reserve KV pages for a request;
 the prefill node the gateway names sends the prompt's pages, and the request
 is decoded only if they match the reservation exactly. Tokens stream back to
-the gateway. Its certificate must name it (--name) with the role decode.`,
+the gateway. Its certificate must name it (--name) with the role decode.
+
+With --also-prefill the process runs a prefill node too, on the same model in
+memory (only when the operator asks: each role otherwise runs alone).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runNodeRole(cmd, &nf, &lf, transfer.RoleDecode, func(ctx context.Context, n *node.Node, t link.Transport, ms *membership, logger *slog.Logger) error {
-				d, err := disagg.NewDecode(disagg.DecodeConfig{Sched: n.Sched(), Layout: n.HandoffLayout(), Transport: t, Logger: logger, Load: disagg.LoadOf(n)})
-				if err != nil {
-					return err
-				}
-				// With --etcd, a prefill node or gateway that leaves the
-				// cluster takes its reservations here with it, at once.
-				ms.onPeerLeft(d.PeerLeft)
-				return d.Run(ctx)
-			})
+			return runNodeRole(cmd, &nf, &lf, transfer.RoleDecode, &also)
 		},
 	}
 	nf.register(c)
 	lf.register(c, transfer.RoleDecode)
+	also.register(c, transfer.RoleDecode)
 	return c
 }
 
@@ -261,6 +429,7 @@ func gatewayCmd() *cobra.Command {
 	var maxBody int64
 	var apiKey string // --api-key (common.go)
 	var sf servedFlags
+	var tf apiTLSFlags // apitls.go
 	c := &cobra.Command{
 		Use:   "gateway",
 		Short: "Run the OpenAI-compatible gateway in front of prefill and decode nodes",
@@ -293,6 +462,9 @@ tokenizes, and its limits must equal theirs: the handshake refuses a mismatch).`
 				return usagef("--prefill and --decode each need at least one node (or --etcd, to find them there)")
 			}
 			logger := lf.log.logger(cmd.ErrOrStderr())
+			if _, err := tf.load(); err != nil {
+				return err
+			}
 			invariants.SetStrict(false)
 			tcfg, key, err := tenantConfig(cmd, configPath, apiKey)
 			if err != nil {
@@ -350,6 +522,7 @@ tokenizes, and its limits must equal theirs: the handshake refuses a mismatch).`
 			if err != nil {
 				return err
 			}
+			ln = tf.wrap(ln)
 			// Caught before the address is announced, so that whoever
 			// waits for it may signal at once.
 			hup := make(chan os.Signal, 1)
@@ -357,7 +530,7 @@ tokenizes, and its limits must equal theirs: the handshake refuses a mismatch).`
 			defer signal.Stop(hup)
 			announceKey(cmd, key)
 			logger.Info("serving", "addr", ln.Addr().String(), "model", m.Name, "max_context", lim.MaxContext, "prefill", prefills, "decode", decodes)
-			fmt.Fprintf(cmd.ErrOrStderr(), "listening on http://%s\n", ln.Addr())
+			fmt.Fprintf(cmd.ErrOrStderr(), "listening on %s://%s\n", tf.scheme(), ln.Addr())
 			srv.Start(ln)
 			var lostErr error
 		wait:
@@ -390,6 +563,7 @@ tokenizes, and its limits must equal theirs: the handshake refuses a mismatch).`
 	c.Flags().StringVar(&configPath, "config", "", "tenant configuration (YAML)")
 	registerAPIKey(c, &apiKey)
 	sf.register(c)
+	tf.register(c, "api-")
 	c.Flags().DurationVar(&drain, "drain-timeout", 30*time.Second, "how long shutdown waits for in-flight requests")
 	c.Flags().Int64Var(&maxBody, "max-body-bytes", gateway.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")
 	return c

@@ -233,62 +233,87 @@ func (l *Local) Close() error {
 	return l.closeErr
 }
 
-// nodes lists every node with its name.
-func (l *Local) nodes() (names []string, nodes []*node.Node) {
+// Members is every node of the cluster, named.
+func (l *Local) Members() NodeSet {
+	var s NodeSet
 	for i, n := range l.Prefills {
-		names, nodes = append(names, fmt.Sprintf("prefill-%d", i)), append(nodes, n)
+		s.Names, s.Nodes = append(s.Names, fmt.Sprintf("prefill-%d", i)), append(s.Nodes, n)
 	}
 	for i, n := range l.Decodes {
-		names, nodes = append(names, fmt.Sprintf("decode-%d", i)), append(nodes, n)
-	}
-	return names, nodes
-}
-
-// PoolStats sums the nodes' pools (gateway.StatsSource).
-func (l *Local) PoolStats() gateway.PoolStats {
-	var s gateway.PoolStats
-	_, nodes := l.nodes()
-	for _, n := range nodes {
-		p := n.PoolStats()
-		s.PagesTotal += p.PagesTotal
-		s.PagesFree += p.PagesFree
-		s.PagesCached += p.PagesCached
-		s.PagesUsed += p.PagesUsed
-		s.PagesQuarantined += p.PagesQuarantined
-		s.QueueDepth += p.QueueDepth
-		s.Running += p.Running
+		s.Names, s.Nodes = append(s.Names, fmt.Sprintf("decode-%d", i)), append(s.Nodes, n)
 	}
 	return s
 }
 
+// PoolStats sums the nodes' pools (gateway.StatsSource).
+func (l *Local) PoolStats() gateway.PoolStats { return l.Members().PoolStats() }
+
 // IsolationViolations sums the nodes' (gateway.StatsSource).
-func (l *Local) IsolationViolations() uint64 {
+func (l *Local) IsolationViolations() uint64 { return l.Members().IsolationViolations() }
+
+// AbortedButCompleted sums the nodes' (gateway.StatsSource).
+func (l *Local) AbortedButCompleted() uint64 { return l.Members().AbortedButCompleted() }
+
+// RegisterMetrics registers every node's collector on reg, each series
+// labelled with its node.
+func (l *Local) RegisterMetrics(reg prometheus.Registerer) error {
+	return l.Members().RegisterMetrics(reg)
+}
+
+// ScrubQuarantined scrubs and frees every node's quarantined pages.
+func (l *Local) ScrubQuarantined(ctx context.Context) (int, error) {
+	return l.Members().ScrubQuarantined(ctx)
+}
+
+var _ gateway.StatsSource = (*Local)(nil)
+
+// NodeSet is the nodes one process runs (serve's prefill and decode, a
+// role that also takes the other role), named as their metrics label
+// them: what an operator sees and does to the process applies to all.
+type NodeSet struct {
+	Names []string
+	Nodes []*node.Node
+}
+
+// PoolStats sums the nodes' pools (gateway.StatsSource).
+func (s NodeSet) PoolStats() gateway.PoolStats {
+	var t gateway.PoolStats
+	for _, n := range s.Nodes {
+		p := n.PoolStats()
+		t.PagesTotal += p.PagesTotal
+		t.PagesFree += p.PagesFree
+		t.PagesCached += p.PagesCached
+		t.PagesUsed += p.PagesUsed
+		t.PagesQuarantined += p.PagesQuarantined
+		t.QueueDepth += p.QueueDepth
+		t.Running += p.Running
+	}
+	return t
+}
+
+// IsolationViolations sums the nodes' (gateway.StatsSource).
+func (s NodeSet) IsolationViolations() uint64 {
 	var v uint64
-	_, nodes := l.nodes()
-	for _, n := range nodes {
+	for _, n := range s.Nodes {
 		v += n.IsolationViolations()
 	}
 	return v
 }
 
 // AbortedButCompleted sums the nodes' (gateway.StatsSource).
-func (l *Local) AbortedButCompleted() uint64 {
+func (s NodeSet) AbortedButCompleted() uint64 {
 	var v uint64
-	_, nodes := l.nodes()
-	for _, n := range nodes {
+	for _, n := range s.Nodes {
 		v += n.AbortedButCompleted()
 	}
 	return v
 }
 
-var _ gateway.StatsSource = (*Local)(nil)
-
 // RegisterMetrics registers every node's collector on reg, each series
 // labelled with its node.
-func (l *Local) RegisterMetrics(reg prometheus.Registerer) error {
-	names, nodes := l.nodes()
-	for i, n := range nodes {
-		if err := prometheus.WrapRegistererWith(prometheus.Labels{"node": names[i]}, reg).Register(n.Collector()); err != nil {
+func (s NodeSet) RegisterMetrics(reg prometheus.Registerer) error {
+	for i, n := range s.Nodes {
+		if err := prometheus.WrapRegistererWith(prometheus.Labels{"node": s.Names[i]}, reg).Register(n.Collector()); err != nil {
 			return err
 		}
 	}
@@ -296,14 +321,15 @@ func (l *Local) RegisterMetrics(reg prometheus.Registerer) error {
 }
 
 // ScrubQuarantined scrubs and frees every node's quarantined pages.
-func (l *Local) ScrubQuarantined(ctx context.Context) (int, error) {
+func (s NodeSet) ScrubQuarantined(ctx context.Context) (int, error) {
 	total := 0
 	var errs []error
-	_, nodes := l.nodes()
-	for _, n := range nodes {
+	for _, n := range s.Nodes {
 		k, err := n.ScrubQuarantined(ctx)
 		total += k
 		errs = append(errs, err)
 	}
 	return total, errors.Join(errs...)
 }
+
+var _ gateway.StatsSource = NodeSet{}
