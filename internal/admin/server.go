@@ -46,9 +46,12 @@ type Config struct {
 	// Interval is how often /admin/events sends a fresh state (default
 	// 1s). Snapshots are shared by every client within one interval.
 	Interval time.Duration
-	// Logger receives the server's own audit lines (through Events'
-	// handler when the caller wired it so); nil discards.
+	// Logger receives the server's own audit lines; nil discards. They
+	// are recorded in Events directly, so Logger need not feed the ring.
 	Logger *slog.Logger
+	// Scrub, if set, is POST /admin/api/scrub: scrub and free every
+	// quarantined KV page (what SIGUSR1 does) and report how many.
+	Scrub func(ctx context.Context) (int, error)
 }
 
 // Server serves the admin page, its JSON API and its event stream.
@@ -96,11 +99,17 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	static := http.FileServerFS(ui)
-	s.mux.Handle("GET /admin/", http.StripPrefix("/admin/", static))
+	// The page's files by name (one path segment), so that a known API
+	// path asked with the wrong method is a 405, not a missing file.
+	s.mux.Handle("GET /admin/{$}", http.StripPrefix("/admin/", static))
+	s.mux.Handle("GET /admin/{file}", http.StripPrefix("/admin/", static))
 	s.mux.HandleFunc("GET /admin/api/pages", s.json(func(st *state) any { return st.Pages }))
 	s.mux.HandleFunc("GET /admin/api/tenants", s.json(func(st *state) any { return st.Tenants }))
 	s.mux.HandleFunc("GET /admin/api/events", s.events)
 	s.mux.HandleFunc("GET /admin/events", s.stream)
+	if cfg.Scrub != nil {
+		s.mux.HandleFunc("POST /admin/api/scrub", s.scrub)
+	}
 	return s, nil
 }
 
@@ -151,10 +160,8 @@ func (s *Server) authorized(w http.ResponseWriter, r *http.Request) bool {
 			return true
 		}
 		if s.cfg.IsTenantKey != nil && s.cfg.IsTenantKey(key) {
-			s.log.Warn("admin: a tenant API key was refused on the admin listener", "remote", r.RemoteAddr, "path", r.URL.Path)
-			s.cfg.Events.Add(Event{Time: time.Now(), Level: slog.LevelWarn.String(),
-				Message: "admin: a tenant API key was refused on the admin listener",
-				Attrs:   map[string]string{"remote": r.RemoteAddr, "path": r.URL.Path}})
+			s.audit(slog.LevelWarn, "admin: a tenant API key was refused on the admin listener",
+				map[string]string{"remote": r.RemoteAddr, "path": r.URL.Path})
 			writeError(w, http.StatusForbidden, "permission_denied", "authorization", "a tenant API key cannot use the admin API; use an admin key")
 			return false
 		}
@@ -208,7 +215,9 @@ func (s *Server) current(ctx context.Context) *state {
 	if s.last != nil && time.Since(s.last.taken) < s.cfg.Interval/2 {
 		return s.last
 	}
-	ctx, cancel := context.WithTimeout(ctx, snapshotTimeout)
+	// Not the asking request's context: the state is shared, and one
+	// client leaving must not record a failed snapshot for the others.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), snapshotTimeout)
 	defer cancel()
 	maps := make([]namedMap, len(s.cfg.Pools))
 	var wg sync.WaitGroup
@@ -249,6 +258,48 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	}
 	evs, _ := s.cfg.Events.Since(since)
 	writeJSON(w, EventList{Events: nonNil(evs)})
+}
+
+// audit records one of the server's own events in the ring and the log.
+func (s *Server) audit(level slog.Level, msg string, attrs map[string]string) {
+	args := make([]any, 0, 2*len(attrs))
+	for k, v := range attrs {
+		args = append(args, k, v)
+	}
+	s.log.Log(context.Background(), level, msg, args...)
+	s.cfg.Events.Add(Event{Time: time.Now(), Level: level.String(), Message: msg, Attrs: attrs})
+}
+
+// ScrubResult is the body of POST /admin/api/scrub.
+type ScrubResult struct {
+	Scrubbed int `json:"scrubbed"`
+}
+
+// scrub frees the quarantine. A state change over HTTP Basic could be
+// forged by another site the operator's browser visits (the browser adds
+// Basic credentials to a cross-site form post by itself); an
+// Authorization: Bearer header cannot be set cross-site without a CORS
+// preflight this server never grants, so POSTs must use it.
+func (s *Server) scrub(w http.ResponseWriter, r *http.Request) {
+	if !strings.HasPrefix(r.Header.Get("Authorization"), "Bearer ") {
+		writeError(w, http.StatusForbidden, "bearer_required", "authorization", "changes need the admin key as Authorization: Bearer KEY, not HTTP Basic")
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), snapshotTimeout)
+	defer cancel()
+	n, err := s.cfg.Scrub(ctx)
+	attrs := map[string]string{"pages": strconv.Itoa(n), "remote": r.RemoteAddr}
+	if err != nil {
+		attrs["err"] = err.Error()
+		s.audit(slog.LevelError, "admin: scrubbing quarantined KV pages failed", attrs)
+		writeError(w, http.StatusInternalServerError, "scrub_failed", "", "scrubbing the quarantine failed: "+err.Error())
+		return
+	}
+	s.audit(slog.LevelWarn, "admin: quarantined KV pages scrubbed and freed", attrs)
+	s.mu.Lock()
+	s.last = nil // the next state shows the freed pages
+	s.mu.Unlock()
+	writeJSON(w, ScrubResult{Scrubbed: n})
 }
 
 // EventList is the body of /admin/api/events.

@@ -358,3 +358,53 @@ func TestNewRefuses(t *testing.T) {
 		}
 	}
 }
+
+func TestScrub(t *testing.T) {
+	ring := NewRing(8)
+	calls, fail := 0, false
+	s, err := New(Config{
+		Pools:     []Pool{staticPool("node", fixedMap())},
+		KeySHA256: [][32]byte{sha256.Sum256([]byte(adminKey))},
+		Events:    ring,
+		Scrub: func(context.Context) (int, error) {
+			calls++
+			if fail {
+				return 1, errors.New("loop stopped")
+			}
+			return 3, nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(s.Handler())
+	defer ts.Close()
+	post := func(set func(*http.Request)) (int, string) {
+		req, _ := http.NewRequest("POST", ts.URL+"/admin/api/scrub", nil)
+		set(req)
+		resp, err := ts.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := post(func(r *http.Request) { r.SetBasicAuth("ops", adminKey) }); code != 403 || !strings.Contains(body, "bearer_required") || calls != 0 {
+		t.Errorf("basic: %d %s, %d calls", code, body, calls)
+	}
+	if code, body := post(bearer(adminKey)); code != 200 || strings.TrimSpace(body) != `{"scrubbed":3}` || calls != 1 {
+		t.Errorf("bearer: %d %s", code, body)
+	}
+	fail = true
+	if code, body := post(bearer(adminKey)); code != 500 || !strings.Contains(body, "loop stopped") {
+		t.Errorf("failing scrub: %d %s", code, body)
+	}
+	if resp, _ := get(t, ts, "/admin/api/scrub", bearer(adminKey)); resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Errorf("GET scrub: %d", resp.StatusCode)
+	}
+	evs, _ := ring.Since(0)
+	if len(evs) != 2 || evs[0].Level != "WARN" || evs[0].Attrs["pages"] != "3" || evs[1].Level != "ERROR" || evs[1].Attrs["err"] != "loop stopped" {
+		t.Errorf("audit events %+v", evs)
+	}
+}
