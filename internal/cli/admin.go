@@ -1,12 +1,18 @@
 package cli
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -100,10 +106,14 @@ func (f *adminFlags) start(cmd *cobra.Command, cfg *tenants.Config, reg *tenants
 	if len(pools) == 0 {
 		return nil, fmt.Errorf("admin: nothing to show for a %T", backend)
 	}
-	srv, err := admin.New(admin.Config{
+	acfg := admin.Config{
 		Pools: pools, KeySHA256: keys, Events: f.ring, Logger: logger,
 		IsTenantKey: func(k string) bool { _, err := reg.Authenticate(k); return err == nil },
-	})
+	}
+	if sc, ok := backend.(quarantineScrubber); ok {
+		acfg.Scrub = sc.ScrubQuarantined
+	}
+	srv, err := admin.New(acfg)
 	if err != nil {
 		return nil, err
 	}
@@ -119,4 +129,76 @@ func (f *adminFlags) start(cmd *cobra.Command, cfg *tenants.Config, reg *tenants
 	go hs.Serve(ln)
 	fmt.Fprintf(cmd.ErrOrStderr(), "admin on %s://%s/admin/\n", scheme, ln.Addr())
 	return func() { hs.Close() }, nil
+}
+
+func init() { extraCommands = append(extraCommands, adminCmd) }
+
+// adminCmd is `pagewarden admin`, the client of the admin listener.
+func adminCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "admin",
+		Short: "Ask a running server's admin listener for its page map, tenants and audit events, or scrub its quarantine",
+		Long: `Call the admin API of a server started with --admin-listen and print its
+JSON answer. The key is an admin key (admin_key_sha256 in the tenant config,
+or the server's --admin-key), never a tenant key; pass it as --admin-key or
+PAGEWARDEN_ADMIN_KEY.`,
+	}
+	for _, sc := range []struct{ use, short, method, path string }{
+		{"pages", "every node's KV pages that are not free: state, tenant, request, sequence, epoch", "GET", "/admin/api/pages"},
+		{"tenants", "each tenant's pages, queued and running requests, and the must-be-zero counters", "GET", "/admin/api/tenants"},
+		{"events", "the recent isolation and audit events", "GET", "/admin/api/events"},
+		{"scrub", "scrub and free every quarantined KV page (as SIGUSR1 does) and print how many", "POST", "/admin/api/scrub"},
+	} {
+		var url, key, ca string
+		sub := &cobra.Command{
+			Use:   sc.use,
+			Short: sc.short,
+			Args:  cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				if key == "" {
+					return usagef("--admin-key (or PAGEWARDEN_ADMIN_KEY) is required")
+				}
+				client := &http.Client{Timeout: 30 * time.Second}
+				if ca != "" {
+					pem, err := os.ReadFile(ca)
+					if err != nil {
+						return usagef("--ca %s: %v", ca, err)
+					}
+					pool := x509.NewCertPool()
+					if !pool.AppendCertsFromPEM(pem) {
+						return usagef("--ca %s: no PEM certificate in it", ca)
+					}
+					client.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}
+				}
+				req, err := http.NewRequestWithContext(cmd.Context(), sc.method, strings.TrimSuffix(url, "/")+sc.path, nil)
+				if err != nil {
+					return usagef("--url %q: %v", url, err)
+				}
+				req.Header.Set("Authorization", "Bearer "+key)
+				resp, err := client.Do(req)
+				if err != nil {
+					return err
+				}
+				defer resp.Body.Close()
+				body, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+				if err != nil {
+					return err
+				}
+				if resp.StatusCode != http.StatusOK {
+					return fmt.Errorf("admin %s: %s: %s", sc.use, resp.Status, strings.TrimSpace(string(body)))
+				}
+				var out bytes.Buffer
+				if err := json.Indent(&out, body, "", "  "); err != nil {
+					return fmt.Errorf("admin %s: the answer is not JSON: %v", sc.use, err)
+				}
+				_, err = cmd.OutOrStdout().Write(out.Bytes())
+				return err
+			},
+		}
+		sub.Flags().StringVar(&url, "url", "http://127.0.0.1:9465", "the admin listener's base URL (the server's --admin-listen)")
+		sub.Flags().StringVar(&key, "admin-key", "", "an admin key (PAGEWARDEN_ADMIN_KEY)")
+		sub.Flags().StringVar(&ca, "ca", "", "CA certificate (PEM) to trust for an https --url (default: the system's)")
+		c.AddCommand(sub)
+	}
+	return c
 }

@@ -2,9 +2,11 @@ package cli
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/pagewarden/pagewarden/internal/admin"
 	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
+	"github.com/pagewarden/pagewarden/internal/sched"
 )
 
 func adminGet(t *testing.T, url, key string) (int, []byte) {
@@ -113,5 +116,56 @@ func TestServeAdminRefused(t *testing.T) {
 				t.Errorf("exit %d, want 2 with %q:\n%s", code, tc.want, stderr.String())
 			}
 		})
+	}
+}
+
+// TestAdminCommand: `pagewarden admin` prints the admin API's JSON, takes
+// its key from PAGEWARDEN_ADMIN_KEY, posts the scrub with a Bearer key, and
+// fails with the server's refusal for a wrong key.
+func TestAdminCommand(t *testing.T) {
+	const key = "pw-admin-cmd"
+	scrubbed := 0
+	srv, err := admin.New(admin.Config{
+		Pools: []admin.Pool{{Name: "node", Map: func(context.Context) (sched.PageMap, error) {
+			return sched.PageMap{PageSize: 4, Pages: make([]sched.PageCell, 3), Tenants: []sched.TenantLoad{{Tenant: "acme", Running: 1}}}, nil
+		}}},
+		KeySHA256: [][32]byte{sha256.Sum256([]byte(key))},
+		Scrub:     func(context.Context) (int, error) { scrubbed++; return 2, nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(srv.Handler())
+	defer ts.Close()
+	env := func(k string) (string, bool) {
+		if k == "PAGEWARDEN_ADMIN_KEY" {
+			return key, true
+		}
+		return "", false
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"admin", "tenants", "--url", ts.URL}, `"tenant": "acme"`},
+		{[]string{"admin", "pages", "--url", ts.URL + "/"}, `"total_pages": 3`},
+		{[]string{"admin", "events", "--url", ts.URL}, `"events": []`},
+		{[]string{"admin", "scrub", "--url", ts.URL}, `"scrubbed": 2`},
+	} {
+		var stdout, stderr syncBuffer
+		if code := MainEnv(context.Background(), tc.args, &stdout, &stderr, env); code != 0 || !strings.Contains(stdout.String(), tc.want) {
+			t.Errorf("%v: exit %d, stdout %s, stderr %s", tc.args, code, stdout.String(), stderr.String())
+		}
+	}
+	if scrubbed != 1 {
+		t.Errorf("%d scrubs", scrubbed)
+	}
+	var stderr syncBuffer
+	if code := Main(context.Background(), []string{"admin", "pages", "--url", ts.URL, "--admin-key", "pw-wrong"}, io.Discard, &stderr); code == 0 || !strings.Contains(stderr.String(), "401") {
+		t.Errorf("wrong key: exit %d, %s", code, stderr.String())
+	}
+	stderr = syncBuffer{}
+	if code := Main(context.Background(), []string{"admin", "pages", "--url", ts.URL}, io.Discard, &stderr); code != 2 {
+		t.Errorf("no key: exit %d, %s", code, stderr.String())
 	}
 }

@@ -157,3 +157,26 @@ func TestServeTLSFlagsRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestGatewayTLSFlags: the gateway's API TLS flags are --api-tls-cert and
+// --api-tls-key (its --tls-* flags are the link's identity), checked like
+// serve's before anything starts.
+func TestGatewayTLSFlags(t *testing.T) {
+	certFile, keyFile, _ := selfSigned(t)
+	for name, tc := range map[string]struct {
+		args []string
+		want string
+	}{
+		"cert without key": {[]string{"--api-tls-cert", certFile}, "--api-tls-cert and --api-tls-key go together"},
+		"key without cert": {[]string{"--api-tls-key", keyFile}, "go together"},
+		"not a key pair":   {[]string{"--api-tls-cert", keyFile, "--api-tls-key", keyFile}, "--api-tls-cert"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var stderr syncBuffer
+			args := append([]string{"gateway", "--model", "builtin:tiny", "--prefill", "p=127.0.0.1:1", "--decode", "d=127.0.0.1:1", "--listen", "127.0.0.1:0", "--metrics-listen="}, tc.args...)
+			if code := Main(context.Background(), args, io.Discard, &stderr); code != 2 || !strings.Contains(stderr.String(), tc.want) {
+				t.Errorf("exit %d, want 2 with %q:\n%s", code, tc.want, stderr.String())
+			}
+		})
+	}
+}
