@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/pagewarden/pagewarden/internal/kernels"
 )
 
 // TestLogFlags: --log-level filters and --log-format chooses JSON or
@@ -64,11 +66,15 @@ func TestLogFlagsOnEveryServingCommand(t *testing.T) {
 	}
 }
 
-// TestServeTextLogs: serve's own lines follow --log-format text.
+// TestServeTextLogs: serve's own lines follow --log-format text, and the
+// start-up line names the kernel tier in use.
 func TestServeTextLogs(t *testing.T) {
 	_, stderr := serve(t, "--log-format", "text")
 	if !strings.Contains(stderr, "level=INFO msg=serving") || strings.Contains(stderr, `"msg":`) {
 		t.Errorf("serve --log-format text wrote:\n%s", stderr)
+	}
+	if want := "kernels=" + kernels.Implementation(); !strings.Contains(stderr, want) {
+		t.Errorf("serve's start-up line has no %s:\n%s", want, stderr)
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/pagewarden/pagewarden/internal/gateway"
 	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
 	"github.com/pagewarden/pagewarden/internal/invariants"
+	"github.com/pagewarden/pagewarden/internal/kernels"
 	"github.com/pagewarden/pagewarden/internal/kvcache"
 	"github.com/pagewarden/pagewarden/internal/node"
 	"github.com/pagewarden/pagewarden/internal/request"
@@ -283,7 +284,7 @@ that long.`,
 			signal.Notify(usr1, syscall.SIGUSR1)
 			defer signal.Stop(usr1)
 			announceKey(cmd, key)
-			logger.Info("serving", "disaggregated", !colocated, "addr", ln.Addr().String(), "model", m.Name, "max_context", lim.MaxContext,
+			logger.Info("serving", "disaggregated", !colocated, "addr", ln.Addr().String(), "model", m.Name, "kernels", kernels.Implementation(), "max_context", lim.MaxContext,
 				"kv_pages", lim.UsablePages, "page_size", lim.PageSize, "usable_kv_tokens", lim.UsableTokens, "safety_margin", lim.SafetyMargin)
 			fmt.Fprintf(cmd.ErrOrStderr(), "listening on %s://%s\n", tf.scheme(), ln.Addr())
 			srv.Start(ln)
