@@ -27,6 +27,9 @@ type etcdFlags struct {
 	prefix           string
 	ttl, dialTimeout time.Duration
 	advertise        string
+	// drain bounds how long a node whose registration was lost lets the
+	// work it holds end before it stops.
+	drain time.Duration
 }
 
 func (f *etcdFlags) register(c *cobra.Command, role transfer.Role) {
@@ -39,6 +42,8 @@ func (f *etcdFlags) register(c *cobra.Command, role transfer.Role) {
 	c.Flags().DurationVar(&f.dialTimeout, "etcd-dial-timeout", 5*time.Second, "how long to wait for etcd at start-up")
 	if role != transfer.RoleGateway {
 		c.Flags().StringVar(&f.advertise, "advertise-addr", "", "link address registered in etcd for other nodes to dial (default: the --link-listen address)")
+		c.Flags().DurationVar(&f.drain, "etcd-drain-timeout", 10*time.Second,
+			"when this node loses its etcd registration it refuses new work at once, then waits this long at most for the work it holds to end (complete, or be aborted by the gateway), and exits")
 	}
 }
 
@@ -108,6 +113,24 @@ type membership struct {
 	// left, once set (onPeerLeft), is told of every other node that
 	// leaves the cluster, on the watch's goroutine.
 	left atomic.Pointer[func(transfer.Peer) int]
+	// fence, once set (fenced), stands between the node's transport and
+	// its driver; drain bounds how long a lost session waits on it.
+	fence atomic.Pointer[fence]
+	drain time.Duration
+	log   *slog.Logger
+}
+
+// fenced returns the transport the node's driver must use: t behind a
+// fence that refuses new work once this node's registration is lost
+// (untilLost), and counts the work it holds so that the loss can drain
+// it. Without --etcd (a nil membership) it is t.
+func (ms *membership) fenced(t link.Transport) link.Transport {
+	if ms == nil {
+		return t
+	}
+	f := newFence(t, ms.log)
+	ms.fence.Store(f)
+	return f
 }
 
 // onPeerLeft has f told of every other node that leaves the cluster from
@@ -230,7 +253,7 @@ func (f *etcdFlags) joinCluster(cmd *cobra.Command, lf *linkFlags, role transfer
 	if err != nil {
 		return nil, err
 	}
-	ms := &membership{client: c}
+	ms := &membership{client: c, drain: f.drain, log: logger}
 	var follows []transfer.Role
 	switch role {
 	case transfer.RoleGateway:
@@ -256,28 +279,64 @@ func (f *etcdFlags) joinCluster(cmd *cobra.Command, lf *linkFlags, role transfer
 
 // untilLost runs work with a context that ends when parent ends (after
 // the node left the cluster, so that no new work is sent to it while it
-// stops) or when its registration is lost. It returns work's error, or
-// the loss: a node the cluster holds gone must not go on serving, so the
-// role stops, and exits with that error for its supervisor to restart it.
+// stops) or after its registration is lost.
+//
+// A lost registration drains the node rather than stopping it dead: the
+// fence (fenced) refuses new work at once — the cluster holds the node
+// gone, and a gateway that has not seen it go yet must not get new work
+// started here — while the work it holds goes on until it ends (the
+// gateway, having failed those requests when the lease expired, aborts
+// them; what it has not failed completes), within --etcd-drain-timeout;
+// then work's context ends, which aborts whatever is left, and untilLost
+// returns the loss. The node exits rather than registering again: the
+// cluster has already reclaimed what it held (its reservations, its
+// handoffs, its requests), so only a new process, with a new
+// registration and a new incarnation, may take work again; its
+// supervisor restarts it. A second signal during the drain (parent ends)
+// stops it at once.
 func (ms *membership) untilLost(parent context.Context, work func(ctx context.Context) error) error {
 	if ms == nil {
 		return work(parent)
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
+	// dctx ends the drain early: a second signal, or work ended by itself.
+	dctx, dcancel := context.WithCancel(parent)
+	defer dcancel()
+	drained := make(chan error, 1)
 	go func() {
 		select {
 		case <-parent.Done():
 			_ = ms.session.Close()
 			stop()
 		case <-ms.session.Done():
+			lost := fmt.Errorf("%w; stopped taking work", ms.session.Err())
+			if f := ms.fence.Load(); f != nil {
+				start := time.Now()
+				f.close()
+				ms.log.Warn("etcd registration lost: refusing new work, draining what this node holds", "holding", f.holding(), "drain_timeout", ms.drain)
+				held := f.drain(dctx, ms.drain)
+				took := time.Since(start)
+				ms.log.Warn("drain ended", "still_holding", held, "took_ms", took.Milliseconds(), "refused", f.refused.Load())
+				lost = errDrained(ms.session.Err(), held, took)
+			}
+			drained <- lost
 			stop()
 		case <-ctx.Done():
 		}
 	}()
 	err := work(ctx)
+	dcancel()
+	if f := ms.fence.Load(); f != nil {
+		f.detach()
+	}
 	if lost := ms.session.Err(); lost != nil {
-		return fmt.Errorf("%w; stopped taking work", lost)
+		select {
+		case d := <-drained:
+			return d
+		case <-time.After(time.Second): // parent ended first: no drain ran
+			return fmt.Errorf("%w; stopped taking work", lost)
+		}
 	}
 	return err
 }
