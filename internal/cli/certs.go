@@ -1,9 +1,16 @@
 package cli
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io/fs"
+	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -77,6 +84,7 @@ func certsCmd() *cobra.Command {
 	var (
 		out          string
 		nodes        []string
+		etcdHosts    []string
 		force        bool
 		caValidity   time.Duration
 		nodeValidity time.Duration
@@ -94,7 +102,15 @@ and IP SANs. Keys are ECDSA P-256, written with mode 0600.
 If --out already holds ca.pem and ca-key.pem, the new node certificates are
 issued by that CA, so nodes can be added to a running development cluster.
 Existing files are never overwritten without --force, which also makes a new
-CA. Production deployments use the operator's own CA and certificates
+CA.
+
+--etcd HOST,HOST... also writes etcd.pem and etcd-key.pem, the certificate
+etcd's members serve clients and each other with (common name "etcd", the
+HOSTs as SANs, no pagewarden identity, so it cannot pass for a node on the
+links). etcd then trusts ca.pem for client certificates, and the nodes' own
+certificates are their etcd client certificates (--etcd-cert, --etcd-key);
+etcd's --peer-cert-allowed-cn=etcd keeps node certificates out of its
+peer port. Production deployments use the operator's own CA and certificates
 (--tls-ca, --tls-cert, --tls-key of gateway, prefill and decode).`,
 		Example: `  pagewarden certs --out certs --node gw:gateway --node p1:prefill:10.0.0.5 \
       --node d1:decode:10.0.0.6,decode-1.example.internal`,
@@ -103,8 +119,13 @@ CA. Production deployments use the operator's own CA and certificates
 			if out == "" {
 				return usagef("--out is required: the directory to write the certificates to")
 			}
-			if len(nodes) == 0 {
-				return usagef("--node is required: NAME:ROLE[:HOST,HOST...], once per node")
+			if len(nodes) == 0 && len(etcdHosts) == 0 {
+				return usagef("--node is required: NAME:ROLE[:HOST,HOST...], once per node (or --etcd HOST,... for etcd's certificate)")
+			}
+			for _, h := range etcdHosts {
+				if err := validHost(h); err != nil {
+					return usagef("--etcd: %v", err)
+				}
 			}
 			if caValidity <= 0 || nodeValidity <= 0 {
 				return usagef("--ca-validity %v, --validity %v: want positive durations", caValidity, nodeValidity)
@@ -123,25 +144,32 @@ CA. Production deployments use the operator's own CA and certificates
 				if n.id.Name == "ca" {
 					return usagef("--node %q: the name ca is the CA's", s)
 				}
+				if n.id.Name == etcdCertName && len(etcdHosts) > 0 {
+					return usagef("--node %q: with --etcd, the name etcd is etcd's certificate", s)
+				}
 				seen[string(n.id.Name)] = true
 				parsed = append(parsed, n)
 			}
-			return writeCertSet(cmd, out, parsed, force, caValidity, nodeValidity)
+			return writeCertSet(cmd, out, parsed, etcdHosts, force, caValidity, nodeValidity)
 		},
 	}
 	c.Flags().StringVar(&out, "out", "", "directory to write the certificates and keys to (created if missing)")
 	c.Flags().StringArrayVar(&nodes, "node", nil, "a node certificate to make: NAME:ROLE[:HOST,HOST...] (repeatable)")
+	c.Flags().StringSliceVar(&etcdHosts, "etcd", nil, "also make etcd.pem for etcd's members, for these DNS names and addresses (comma-separated; \"*.etcd\" covers a StatefulSet's pods)")
 	c.Flags().BoolVar(&force, "force", false, "overwrite existing files and make a new CA")
 	c.Flags().DurationVar(&caValidity, "ca-validity", link.DevCAValidity, "how long the CA is valid")
 	c.Flags().DurationVar(&nodeValidity, "validity", link.DevNodeValidity, "how long each node certificate is valid (never past the CA)")
 	return c
 }
 
-func writeCertSet(cmd *cobra.Command, dir string, nodes []certNode, force bool, caValidity, nodeValidity time.Duration) error {
+func writeCertSet(cmd *cobra.Command, dir string, nodes []certNode, etcdHosts []string, force bool, caValidity, nodeValidity time.Duration) error {
 	caCert, caKey := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "ca-key.pem")
 	var targets []string
 	for _, n := range nodes {
 		targets = append(targets, filepath.Join(dir, string(n.id.Name)+".pem"), filepath.Join(dir, string(n.id.Name)+"-key.pem"))
+	}
+	if len(etcdHosts) > 0 {
+		targets = append(targets, filepath.Join(dir, etcdCertName+".pem"), filepath.Join(dir, etcdCertName+"-key.pem"))
 	}
 	now := time.Now()
 	var (
@@ -215,7 +243,68 @@ func writeCertSet(cmd *cobra.Command, dir string, nodes []certNode, force bool, 
 		}
 		fmt.Fprintf(w, "%s  %s (%s)\n%s\n", certPath, n.id.URI(), hosts, keyPath)
 	}
+	if len(etcdHosts) > 0 {
+		certPEM, keyPEM, err := issueEtcd(ca, etcdHosts, now, nodeValidity)
+		if err != nil {
+			return err
+		}
+		certPath, keyPath := filepath.Join(dir, etcdCertName+".pem"), filepath.Join(dir, etcdCertName+"-key.pem")
+		if err := writeCertFile(certPath, certPEM, 0o644, force); err != nil {
+			return err
+		}
+		if err := writeCertFile(keyPath, keyPEM, 0o600, force); err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "%s  etcd's members, server and peer (%s)\n%s\n", certPath, strings.Join(etcdHosts, ","), keyPath)
+	}
 	return nil
+}
+
+// etcdCertName is the common name of etcd's certificate and its files'
+// stem: etcd's --peer-cert-allowed-cn names it.
+const etcdCertName = "etcd"
+
+// issueEtcd makes the certificate etcd's members use as servers (to
+// clients and to each other) and as clients of each other: ECDSA P-256,
+// common name etcd, hosts as SANs. Unlike a node certificate it carries
+// no pagewarden:// URI, so link.LoadTLS refuses it: the links never take
+// it for a node.
+func issueEtcd(ca *link.CA, hosts []string, now time.Time, validity time.Duration) (certPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial.Add(serial, big.NewInt(1)),
+		Subject:      pkix.Name{CommonName: etcdCertName, Organization: []string{"pagewarden"}},
+		NotBefore:    now.Add(-time.Minute),
+		NotAfter:     now.Add(validity),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	if tmpl.NotAfter.After(ca.Cert.NotAfter) {
+		tmpl.NotAfter = ca.Cert.NotAfter
+	}
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("etcd certificate: %v", err)
+	}
+	kder, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}), nil
 }
 
 func fileExists(p string) bool {

@@ -6,9 +6,13 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/pagewarden/pagewarden/internal/cluster"
+	"github.com/pagewarden/pagewarden/internal/cluster/etcdtest"
 	"github.com/pagewarden/pagewarden/internal/link"
 	"github.com/pagewarden/pagewarden/internal/transfer"
 )
@@ -153,4 +157,53 @@ func TestCertsUsageErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCertsForEtcd: --etcd writes a certificate an etcd server (embedded,
+// real) serves TLS with, to which a node's own certificate of the same
+// set is a client certificate; it names no pagewarden node, so the links
+// refuse it; and its file name cannot also be a node's.
+func TestCertsForEtcd(t *testing.T) {
+	dir := t.TempDir()
+	r := pw(t, "certs", "--out", dir, "--node", "d-1:decode", "--etcd", "127.0.0.1,*.etcd,localhost")
+	if r.code != 0 || !strings.Contains(r.stdout, "etcd's members") {
+		t.Fatalf("exit %d: %s %s", r.code, r.stdout, r.stderr)
+	}
+	file := func(name string) string { return filepath.Join(dir, name) }
+	c := readCert(t, file("etcd.pem"))
+	if c.Subject.CommonName != "etcd" || len(c.URIs) != 0 || len(c.IPAddresses) != 1 || !slices.Equal(c.DNSNames, []string{"*.etcd", "localhost"}) {
+		t.Errorf("etcd.pem: CN %q, URIs %v, IPs %v, DNS %v", c.Subject.CommonName, c.URIs, c.IPAddresses, c.DNSNames)
+	}
+	if fi, err := os.Stat(file("etcd-key.pem")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("etcd-key.pem: %v %v", fi, err)
+	}
+	if _, err := link.LoadTLS(file("ca.pem"), file("etcd.pem"), file("etcd-key.pem")); err == nil {
+		t.Error("the links accept etcd's certificate as a node's")
+	}
+	srv := etcdtest.Start(t, etcdtest.Options{TLS: &etcdtest.TLS{Cert: file("etcd.pem"), Key: file("etcd-key.pem"), ClientCA: file("ca.pem")}})
+	cl, err := cluster.Dial(t.Context(), cluster.Config{Endpoints: []string{srv.Endpoint}, TLS: cluster.TLSFiles{CA: file("ca.pem"), Cert: file("d-1.pem"), Key: file("d-1-key.pem")}})
+	if err != nil {
+		t.Fatalf("a node's certificate as etcd client: %v", err)
+	}
+	cl.Close()
+	if _, err := cluster.Dial(t.Context(), cluster.Config{Endpoints: []string{srv.Endpoint}, DialTimeout: time.Second, TLS: cluster.TLSFiles{CA: file("ca.pem")}}); err == nil {
+		t.Error("etcd took a client without a certificate")
+	}
+	for _, tc := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"certs", "--out", t.TempDir(), "--node", "etcd:decode", "--etcd", "*.etcd"}, "the name etcd is etcd's"},
+		{[]string{"certs", "--out", t.TempDir(), "--etcd", "a..b"}, `--etcd: host "a..b"`},
+	} {
+		if r := pw(t, tc.args...); r.code != 2 || !strings.Contains(r.stderr, tc.msg) {
+			t.Errorf("%q: exit %d, %q; want 2 and %q", tc.args, r.code, r.stderr, tc.msg)
+		}
+	}
+	// etcd's certificate alone (a CA and etcd.pem, no node).
+	alone := t.TempDir()
+	if r := pw(t, "certs", "--out", alone, "--etcd", "localhost"); r.code != 0 {
+		t.Errorf("--etcd alone: exit %d: %s", r.code, r.stderr)
+	}
+	readCert(t, filepath.Join(alone, "etcd.pem"))
 }
