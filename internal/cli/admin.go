@@ -64,6 +64,12 @@ func adminPools(backend any, name string) []admin.Pool {
 	switch b := backend.(type) {
 	case *node.Node:
 		return []admin.Pool{{Name: name, Map: b.PageMap}}
+	case disagg.NodeSet:
+		var out []admin.Pool
+		for i, n := range b.Nodes {
+			out = append(out, admin.Pool{Name: b.Names[i], Map: n.PageMap})
+		}
+		return out
 	case *disagg.Local:
 		var out []admin.Pool
 		for i, n := range b.Prefills {
@@ -77,12 +83,24 @@ func adminPools(backend any, name string) []admin.Pool {
 	return nil
 }
 
-// start serves the admin listener for backend (a *node.Node or a
-// *disagg.Local), if --admin-listen was given. Its keys are the config's
-// admin_key_sha256 and --admin-key; tenant keys (reg) are refused with 403.
+// start serves the admin listener for backend (a *node.Node, a
+// *disagg.Local or a disagg.NodeSet), if --admin-listen was given. Its
+// keys are the config's admin_key_sha256 and --admin-key; tenant keys
+// (reg) are refused with 403. The node roles have no tenants: cfg and reg
+// are nil there, and name is their node's.
 // Behind tlsCfg when the API is: the browser sends the admin key with
 // every request. The returned stop closes it.
 func (f *adminFlags) start(cmd *cobra.Command, cfg *tenants.Config, reg *tenants.Registry, backend any, tlsCfg *tls.Config, logger *slog.Logger) (stop func(), err error) {
+	return f.startNamed(cmd, cfg, reg, backend, "node", tlsCfg, logger)
+}
+
+// startRole is start for the prefill and decode roles: their nodes, by
+// name, and no tenants (only --admin-key opens the listener).
+func (f *adminFlags) startRole(cmd *cobra.Command, set disagg.NodeSet, logger *slog.Logger) (stop func(), err error) {
+	return f.startNamed(cmd, nil, nil, set, "", nil, logger)
+}
+
+func (f *adminFlags) startNamed(cmd *cobra.Command, cfg *tenants.Config, reg *tenants.Registry, backend any, name string, tlsCfg *tls.Config, logger *slog.Logger) (stop func(), err error) {
 	if f.listen == "" {
 		if f.key != "" {
 			return nil, usagef("--admin-key without --admin-listen: the key opens nothing")
@@ -93,8 +111,15 @@ func (f *adminFlags) start(cmd *cobra.Command, cfg *tenants.Config, reg *tenants
 	if cfg != nil {
 		keys = cfg.AdminKeys()
 	}
+	isTenantKey := func(k string) bool {
+		if reg == nil {
+			return false
+		}
+		_, err := reg.Authenticate(k)
+		return err == nil
+	}
 	if f.key != "" {
-		if _, err := reg.Authenticate(f.key); err == nil {
+		if isTenantKey(f.key) {
 			return nil, usagef("--admin-key is a tenant's API key: the admin key must be a key of its own (pagewarden keygen)")
 		}
 		keys = append(keys, sha256.Sum256([]byte(f.key)))
@@ -102,13 +127,13 @@ func (f *adminFlags) start(cmd *cobra.Command, cfg *tenants.Config, reg *tenants
 	if len(keys) == 0 {
 		return nil, usagef("--admin-listen needs an admin key: admin_key_sha256 in --config, or --admin-key (PAGEWARDEN_ADMIN_KEY)")
 	}
-	pools := adminPools(backend, "node")
+	pools := adminPools(backend, name)
 	if len(pools) == 0 {
 		return nil, fmt.Errorf("admin: nothing to show for a %T", backend)
 	}
 	acfg := admin.Config{
 		Pools: pools, KeySHA256: keys, Events: f.ring, Logger: logger,
-		IsTenantKey: func(k string) bool { _, err := reg.Authenticate(k); return err == nil },
+		IsTenantKey: isTenantKey,
 	}
 	if sc, ok := backend.(quarantineScrubber); ok {
 		acfg.Scrub = sc.ScrubQuarantined
