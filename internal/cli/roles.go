@@ -40,13 +40,15 @@ type linkFlags struct {
 	prefill, decode []string // NAME=HOST:PORT
 	metricsListen   string
 	etcd            etcdFlags
-	log             logFlags // --log-level, --log-format (common.go)
+	log             logFlags   // --log-level, --log-format (common.go)
+	admin           adminFlags // prefill and decode: --admin-listen, --admin-key (admin.go)
 }
 
 func (f *linkFlags) register(c *cobra.Command, role transfer.Role) {
 	c.Flags().StringVar(&f.name, "name", "", "this node's name; must be the one its certificate names (pagewarden certs)")
 	if role != transfer.RoleGateway {
 		c.Flags().StringVar(&f.listen, "link-listen", "127.0.0.1:0", "address other nodes reach this one on (gRPC over mutual TLS)")
+		f.admin.register(c)
 	}
 	c.Flags().StringVar(&f.ca, "tls-ca", "", "CA certificate (PEM) every node's certificate must chain to")
 	c.Flags().StringVar(&f.cert, "tls-cert", "", "this node's certificate (PEM)")
@@ -290,7 +292,7 @@ func runNodeRole(cmd *cobra.Command, nf *nodeFlags, lf *linkFlags, role transfer
 		no := o
 		no.KVMemory, no.KeepModel = budgets[i], true
 		r.logger = logger.With("node", r.lf.name, "role", r.role.String())
-		no.Logger = r.logger
+		no.Logger = lf.admin.audit(r.logger) // also the admin page's audit ring
 		if r.n, err = node.Start(m, no); err != nil {
 			return err
 		}
@@ -348,6 +350,11 @@ func runNodeRole(cmd *cobra.Command, nf *nodeFlags, lf *linkFlags, role transfer
 		return err
 	}
 	defer stop()
+	stopAdmin, err := lf.admin.startRole(cmd, set, logger)
+	if err != nil {
+		return err
+	}
+	defer stopAdmin()
 	for _, r := range nodes {
 		fmt.Fprintf(cmd.ErrOrStderr(), "%s %s linked on %s\n", r.role, r.lf.name, r.t.Addr())
 	}
