@@ -12,10 +12,13 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pagewarden/pagewarden/internal/admin"
 	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
+	"github.com/pagewarden/pagewarden/internal/link"
 	"github.com/pagewarden/pagewarden/internal/sched"
+	"github.com/pagewarden/pagewarden/internal/transfer"
 )
 
 func adminGet(t *testing.T, url, key string) (int, []byte) {
@@ -167,5 +170,45 @@ func TestAdminCommand(t *testing.T) {
 	stderr = syncBuffer{}
 	if code := Main(context.Background(), []string{"admin", "pages", "--url", ts.URL}, io.Discard, &stderr); code != 2 {
 		t.Errorf("no key: exit %d, %s", code, stderr.String())
+	}
+}
+
+// TestDecodeRoleAdmin: a decode node's --admin-listen shows its pool under
+// its name to --admin-key.
+func TestDecodeRoleAdmin(t *testing.T) {
+	dir := t.TempDir()
+	writeCerts(t, dir, link.Identity{Name: "d0", Role: transfer.RoleDecode})
+	const key = "pw-node-admin"
+	ctx, cancel := context.WithCancel(context.Background())
+	errb := &watchBuffer{wrote: make(chan struct{}, 1)}
+	code := make(chan int, 1)
+	go func() {
+		code <- Main(ctx, []string{"decode", "--model", "builtin:tiny", "--threads", "1", "--kv-memory", "16MiB",
+			"--tls-ca", filepath.Join(dir, "ca.pem"), "--name", "d0", "--tls-cert", filepath.Join(dir, "d0.pem"), "--tls-key", filepath.Join(dir, "d0-key.pem"),
+			"--link-listen", "127.0.0.1:0", "--metrics-listen=", "--admin-listen", "127.0.0.1:0", "--admin-key", key}, io.Discard, errb)
+	}()
+	defer func() { cancel(); <-code }()
+	re := regexp.MustCompile(`admin on (http://\S+)/admin/`)
+	timeout := time.NewTimer(30 * time.Second)
+	defer timeout.Stop()
+	var base string
+	for base == "" {
+		if m := re.FindStringSubmatch(errb.String()); m != nil {
+			base = m[1]
+			break
+		}
+		select {
+		case <-errb.wrote:
+		case c := <-code:
+			code <- c
+			t.Fatalf("decode exited %d:\n%s", c, errb.String())
+		case <-timeout.C:
+			t.Fatalf("no admin listener after 30s:\n%s", errb.String())
+		}
+	}
+	status, body := adminGet(t, base+"/admin/api/pages", key)
+	var pages admin.PagesView
+	if status != http.StatusOK || json.Unmarshal(body, &pages) != nil || len(pages.Nodes) != 1 || pages.Nodes[0].Name != "d0" || pages.Nodes[0].TotalPages == 0 {
+		t.Fatalf("pages: %d %s", status, body)
 	}
 }
