@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -14,14 +15,18 @@ import (
 
 func benchCmd() *cobra.Command {
 	var mf modelFlags
-	var threads, prompts string
+	var threads, prompts, tiers string
 	var gen, reps int
 	c := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure prefill and decode tokens/s (like llama-bench)",
 		Long: `Measure prefill (pp) and decode (tg) speed for each thread count, like
 llama-bench -p 128,512 -n 64 -r 3. Compare variants within one run: machines
-here are noisy.`,
+here are noisy. --kernels-list runs several kernel tiers side by side, their
+repetitions interleaved (PAGEWARDEN_KERNELS=avx2 forces a single one):
+  pagewarden bench -m builtin:135m-q8_0 --kernels-list avx2,avx512vnni
+Each row gives the best of -r repetitions and, under range, the slowest and
+the fastest.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := mf.validate(); err != nil {
@@ -38,6 +43,21 @@ here are noisy.`,
 			if gen < 1 || reps < 1 {
 				return usagef("-n and -r must be at least 1")
 			}
+			// The tiers to compare, checked before the model loads; the
+			// installed one is put back afterwards.
+			installed := kernels.Implementation()
+			tierList := []string{installed}
+			if tiers != "" {
+				tierList = nil
+				for _, name := range strings.Split(tiers, ",") {
+					name = strings.TrimSpace(name)
+					if err := kernels.SetTier(name); err != nil {
+						return usagef("--kernels-list: %v", err)
+					}
+					tierList = append(tierList, kernels.Implementation())
+				}
+			}
+			defer kernels.SetTier(installed)
 			kvType, _ := mf.kvDType()
 			m, err := mf.load()
 			if err != nil {
@@ -51,9 +71,9 @@ here are noisy.`,
 			if maxP+gen > m.Config.ContextLength {
 				return usagef("-p %d plus -n %d exceed the model's context of %d", maxP, gen, m.Config.ContextLength)
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "kernels: %s\n", kernels.Implementation())
+			fmt.Fprintf(cmd.ErrOrStderr(), "kernels: %s\n", strings.Join(tierList, ", "))
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', tabwriter.AlignRight)
-			fmt.Fprintf(tw, "model\ttype\tthreads\ttest\ttokens/s\t\n")
+			fmt.Fprintf(tw, "model\ttype\tkernels\tthreads\ttest\ttokens/s\trange\t\n")
 			for _, t := range ts {
 				eng, err := engine.New(m, engine.Options{Threads: t, PageSize: mf.pageSize, KVType: kvType, PrefillChunk: maxP})
 				if err != nil {
@@ -64,29 +84,47 @@ here are noisy.`,
 					eng.Close()
 					return err
 				}
-				for _, p := range ps {
-					best := 0.0
+				// measure runs one test reps times per tier, the tiers
+				// interleaved so that a slow spell of a shared machine
+				// hits them all, and prints a row per tier.
+				measure := func(test string, run func() (float64, error)) error {
+					rates := make([][]float64, len(tierList))
 					for r := 0; r < reps; r++ {
-						res, err := eng.Bench(p, 1)
-						if err != nil {
-							eng.Close()
-							return err
+						for k, tier := range tierList {
+							if err := kernels.SetTier(tier); err != nil {
+								return err
+							}
+							v, err := run()
+							if err != nil {
+								return err
+							}
+							rates[k] = append(rates[k], v)
 						}
-						best = max(best, float64(p)/res.Prefill.Seconds())
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%d\tpp%d\t%.1f\t\n", m.Name, m.WeightType, t, p, best)
+					for k, tier := range tierList {
+						lo, hi := slices.Min(rates[k]), slices.Max(rates[k])
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%.1f\t%.1f-%.1f\t\n", m.Name, m.WeightType, tier, t, test, hi, lo, hi)
+					}
+					return nil
 				}
-				best := 0.0
-				for r := 0; r < reps; r++ {
-					res, err := eng.Bench(1, gen)
+				for _, p := range ps {
+					err = measure(fmt.Sprintf("pp%d", p), func() (float64, error) {
+						res, err := eng.Bench(p, 1)
+						return float64(p) / res.Prefill.Seconds(), err
+					})
 					if err != nil {
 						eng.Close()
 						return err
 					}
-					best = max(best, float64(gen)/res.Decode.Seconds())
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\ttg%d\t%.1f\t\n", m.Name, m.WeightType, t, gen, best)
+				err = measure(fmt.Sprintf("tg%d", gen), func() (float64, error) {
+					res, err := eng.Bench(1, gen)
+					return float64(gen) / res.Decode.Seconds(), err
+				})
 				eng.Close()
+				if err != nil {
+					return err
+				}
 			}
 			return tw.Flush()
 		},
@@ -96,6 +134,7 @@ here are noisy.`,
 	c.Flags().StringVarP(&prompts, "p", "p", "128,512", "comma-separated prompt lengths for prefill")
 	c.Flags().IntVarP(&gen, "n", "n", 64, "tokens to decode")
 	c.Flags().IntVarP(&reps, "r", "r", 3, "repetitions (the best is reported)")
+	c.Flags().StringVar(&tiers, "kernels-list", "", "comma-separated kernel tiers to compare side by side (ref, avx2, avx512, avx512vnni; default: the one in use)")
 	return c
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/spf13/cobra"
 
+	"github.com/pagewarden/pagewarden/internal/kernels"
 	"github.com/pagewarden/pagewarden/internal/testdata"
 )
 
@@ -133,6 +134,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"bench", "-p", "0"}, "-p"},
 		{[]string{"bench", "-n", "0"}, "-n and -r"},
 		{[]string{"bench", "-r", "0"}, "-n and -r"},
+		{[]string{"bench", "--kernels-list", "ref,sse9"}, "--kernels-list: unknown kernel tier \"sse9\""},
 		{[]string{"bench", "--model", "builtin:tiny-short", "-p", "250", "-n", "10", "--threads-list", "1"}, "exceed the model's context of 256"},
 		{[]string{"convert", "--builtin", "tiny"}, "--out"},
 		{[]string{"convert", "--out", "x.gguf"}, "--checkpoint"},
@@ -251,7 +253,7 @@ func TestBench(t *testing.T) {
 	if len(lines) != 3 {
 		t.Fatalf("want a header and two rows, got:\n%s", r.stdout)
 	}
-	row := regexp.MustCompile(`^\s*builtin:tiny\s+F32\s+1\s+(pp8|tg4)\s+[0-9.]+\s*$`)
+	row := regexp.MustCompile(`^\s*builtin:tiny\s+F32\s+` + regexp.QuoteMeta(kernels.Implementation()) + `\s+1\s+(pp8|tg4)\s+[0-9.]+\s+[0-9.]+-[0-9.]+\s*$`)
 	for i, want := range []string{"pp8", "tg4"} {
 		m := row.FindStringSubmatch(lines[i+1])
 		if m == nil || m[1] != want {
@@ -260,6 +262,30 @@ func TestBench(t *testing.T) {
 	}
 	if !strings.Contains(lines[0], "tokens/s") {
 		t.Errorf("header %q", lines[0])
+	}
+}
+
+// TestBenchKernelsList: --kernels-list measures each tier, a row per tier
+// and test in the order given, and leaves the installed tier in place.
+func TestBenchKernelsList(t *testing.T) {
+	before := kernels.Implementation()
+	tiers := kernels.Tiers()
+	r := pw(t, "bench", "--model", "builtin:tiny", "-p", "8", "-n", "2", "-r", "2", "--threads-list", "1", "--kernels-list", strings.Join(tiers, ","))
+	if r.code != 0 {
+		t.Fatalf("exit %d, stderr:\n%s", r.code, r.stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) != 1+2*len(tiers) {
+		t.Fatalf("want a header and %d rows, got:\n%s", 2*len(tiers), r.stdout)
+	}
+	for i, line := range lines[1:] {
+		f := strings.Fields(line)
+		if want := tiers[i%len(tiers)]; len(f) != 7 || f[2] != want {
+			t.Errorf("row %d %q: want tier %s", i+1, line, want)
+		}
+	}
+	if after := kernels.Implementation(); after != before {
+		t.Errorf("bench left tier %s installed, was %s", after, before)
 	}
 }
 
