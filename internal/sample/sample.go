@@ -274,10 +274,19 @@ func (s *Sampler) mask(logits []float32) {
 		return
 	}
 	ninf := float32(math.Inf(-1))
-	for i := range logits {
-		w := i / 64
-		if w >= len(s.allowed) || s.allowed[w]&(1<<(i%64)) == 0 {
-			logits[i] = ninf
+	for lo := 0; lo < len(logits); lo += 64 {
+		var w uint64
+		if lo/64 < len(s.allowed) {
+			w = s.allowed[lo/64]
+		}
+		if w == ^uint64(0) {
+			continue
+		}
+		hi := min(lo+64, len(logits))
+		for i := lo; i < hi; i++ {
+			if w&(1<<(i-lo)) == 0 {
+				logits[i] = ninf
+			}
 		}
 	}
 }
