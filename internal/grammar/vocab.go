@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"unicode/utf8"
 )
 
 // Vocab is a tokenizer's vocabulary as bytes: a trie of every token's
@@ -20,6 +21,23 @@ type Vocab struct {
 	// pieces are the tokens' bytes, as the tokenizer holds them (not
 	// copied): Accept feeds them.
 	pieces [][]byte
+	// plain marks the tokens a JSON string takes whole and is left as it
+	// was (printable ASCII but quote and backslash, whole UTF-8
+	// characters); plainNode[n] reports that every token in trie node n's
+	// subtree is plain. Inside a string, the widest state, the mask is
+	// then plain plus a walk of the other subtrees only.
+	plain     []uint64
+	plainNode []bool
+}
+
+// isPlain reports whether a string's content can be p as it is.
+func isPlain(p []byte) bool {
+	for _, b := range p {
+		if b < 0x20 || b == '"' || b == '\\' {
+			return false
+		}
+	}
+	return utf8.Valid(p)
 }
 
 type tnode struct {
@@ -37,7 +55,7 @@ type tedge struct {
 // isEnd reports the end-of-generation tokens (allowed once the value is
 // complete).
 func NewVocab(size int, piece func(id int) []byte, isEnd func(id int) bool) *Vocab {
-	v := &Vocab{size: size, isEnd: make([]bool, size), pieces: make([][]byte, size)}
+	v := &Vocab{size: size, isEnd: make([]bool, size), pieces: make([][]byte, size), plain: make([]uint64, (size+63)/64)}
 	// Sort the tokens by their bytes; the trie is then built in one pass
 	// with children in byte order.
 	type tok struct {
@@ -53,6 +71,9 @@ func NewVocab(size int, piece func(id int) []byte, isEnd func(id int) bool) *Voc
 		}
 		if p := piece(id); len(p) > 0 {
 			v.pieces[id] = p
+			if isPlain(p) {
+				v.plain[id/64] |= 1 << (id % 64)
+			}
 			ts = append(ts, tok{id, p})
 		}
 	}
@@ -86,6 +107,7 @@ func NewVocab(size int, piece func(id int) []byte, isEnd func(id int) bool) *Voc
 	flatten = func(b *bnode) int32 {
 		i := int32(len(v.nodes))
 		v.nodes = append(v.nodes, tnode{})
+		v.plainNode = append(v.plainNode, false)
 		lo := int32(len(v.toks))
 		v.toks = append(v.toks, b.ids...)
 		v.nodes[i].tokLo, v.nodes[i].tokHi = lo, int32(len(v.toks))
@@ -94,9 +116,16 @@ func NewVocab(size int, piece func(id int) []byte, isEnd func(id int) bool) *Voc
 			v.edges = append(v.edges, tedge{b: b.bytes[j]})
 		}
 		v.nodes[i].edgeLo, v.nodes[i].edgeHi = elo, int32(len(v.edges))
-		for j, k := range b.kids {
-			v.edges[int(elo)+j].child = flatten(k)
+		all := true
+		for _, id := range b.ids {
+			all = all && Allowed(v.plain, int(id))
 		}
+		for j, k := range b.kids {
+			c := flatten(k)
+			v.edges[int(elo)+j].child = c
+			all = all && v.plainNode[c]
+		}
+		v.plainNode[i] = all
 		return i
 	}
 	flatten(root)
@@ -188,11 +217,24 @@ func (b *Bound) compute(s *State) []uint64 {
 	}
 	var stack []State // stack[d] is the state after d bytes of the current path
 	stack = append(stack, *s)
+	// Inside a string, a plain token leaves the state as it found it: all
+	// plain tokens are allowed at once, and a subtree of plain tokens
+	// reached without leaving the root state is skipped.
+	top := s.f[s.n-1]
+	inString := b.g.nodes[top.node].kind == kString && top.phase == pInString
+	if inString {
+		for i, w := range v.plain {
+			mask[i] |= w
+		}
+	}
 	var walk func(node int32, d int)
 	walk = func(node int32, d int) {
 		nd := v.nodes[node]
 		for e := nd.edgeLo; e < nd.edgeHi; e++ {
 			ed := v.edges[e]
+			if inString && v.plainNode[ed.child] && stack[d].n == s.n && stack[d].f[s.n-1] == top {
+				continue
+			}
 			if len(stack) <= d+1 {
 				stack = append(stack, State{})
 			}
