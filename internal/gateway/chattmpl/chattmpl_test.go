@@ -14,9 +14,9 @@ import (
 )
 
 var conversations = map[string][]Message{
-	"sys":    {{"system", "Be brief."}, {"user", " Hi "}, {"assistant", "Hello"}, {"user", "Bye"}},
-	"nosys":  {{"user", "Hi"}, {"assistant", " Yo "}},
-	"repeat": {{"user", "Hi"}, {"user", "again"}},
+	"sys":    {{Role: "system", Content: "Be brief."}, {Role: "user", Content: " Hi "}, {Role: "assistant", Content: "Hello"}, {Role: "user", Content: "Bye"}},
+	"nosys":  {{Role: "user", Content: "Hi"}, {Role: "assistant", Content: " Yo "}},
+	"repeat": {{Role: "user", Content: "Hi"}, {Role: "user", Content: "again"}},
 }
 
 // TestGoldenTemplates renders the Llama 2, Llama 3, ChatML (Qwen 2) and
@@ -176,7 +176,7 @@ func TestErrors(t *testing.T) {
 }
 
 func TestFallback(t *testing.T) {
-	got := Fallback(Input{Messages: []Message{{"system", "S"}, {"user", "U"}}, AddGenerationPrompt: true})
+	got := Fallback(Input{Messages: []Message{{Role: "system", Content: "S"}, {Role: "user", Content: "U"}}, AddGenerationPrompt: true})
 	want := "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n"
 	if got != want {
 		t.Errorf("Fallback = %q, want %q", got, want)

@@ -206,6 +206,11 @@ func (r *renderer) filter(name string, x any, args []any, kw map[string]any) (an
 		}
 		return strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&#34;", "'", "&#39;").Replace(toString(x)), nil
 	case "selectattr", "rejectattr", "select", "reject":
+		// Jinja2 filters a falsy sequence (none too) to nothing: templates
+		// run `tools | selectattr(...)` with tools set to none.
+		if x == nil {
+			return []any{}, nil
+		}
 		elems, err := iterate(x)
 		if err != nil {
 			return nil, err
@@ -245,6 +250,9 @@ func (r *renderer) filter(name string, x any, args []any, kw map[string]any) (an
 		}
 		return out, nil
 	case "map":
+		if x == nil {
+			return []any{}, nil // as select, for a none sequence
+		}
 		elems, err := iterate(x)
 		if err != nil {
 			return nil, err
