@@ -1,0 +1,205 @@
+package probe
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// prefixCache: a key's repeated prompt reports cached tokens; the same
+// prompt from another key reports none. Both directions between the first
+// two keys.
+func (p *prober) prefixCache(ctx context.Context) Check {
+	p.progress.phase("prefix-cache isolation")
+	c := Check{Name: "prefix-cache", Verdict: Pass}
+	hits := 0
+	nums := map[string]any{}
+	for _, pair := range [][2]int{{0, 1}, {1, 0}} {
+		owner, other := pair[0], pair[1]
+		prompt := fmt.Sprintf("Cache probe %s. %s", randomToken(16), pad(min(p.promptBytes(), 4000)))
+		mk := func(k int, what string) func() *exchange {
+			return func() *exchange { return newCompletion(k, p.model, prompt, 1, false, nil, 0, what) }
+		}
+		first := p.sendRetry(ctx, mk(owner, fmt.Sprintf("a fresh prompt, first time from key %d", owner)))
+		again := p.sendRetry(ctx, mk(owner, fmt.Sprintf("the same prompt again from key %d", owner)))
+		foreign := p.sendRetry(ctx, mk(other, fmt.Sprintf("key %d's prompt, sent by key %d", owner, other)))
+		c.Requests += 3
+		for _, e := range []*exchange{first, again, foreign} {
+			if e.status != http.StatusOK {
+				c.fail(e.evidence(fmt.Sprintf("answered %d", e.status), nil))
+			}
+		}
+		if c.Verdict == Fail {
+			continue
+		}
+		pre := fmt.Sprintf("key%d_", owner)
+		nums[pre+"first_cached"], nums[pre+"again_cached"], nums[pre+"other_key_cached"] = first.usage.cached(), again.usage.cached(), foreign.usage.cached()
+		nums[pre+"first_ms"], nums[pre+"again_ms"], nums[pre+"other_key_ms"] = first.elapsed.Milliseconds(), again.elapsed.Milliseconds(), foreign.elapsed.Milliseconds()
+		if again.usage.cached() > 0 {
+			hits++
+		}
+		if n := foreign.usage.cached(); n > 0 {
+			c.fail(foreign.evidence(fmt.Sprintf("key %d's first request for key %d's prompt reported %d cached tokens: it hit another tenant's cache", other, owner, n), nil))
+		}
+	}
+	c.Numbers = nums
+	switch {
+	case c.Verdict == Fail:
+		c.Reason = "a prompt reported cached tokens from another key's cache (or a cache request failed)"
+	case hits == 0:
+		c.Verdict = Skip
+		c.Reason = "a repeated prompt reported no cached tokens (no prefix cache, or no usage.prompt_tokens_details.cached_tokens): isolation cannot be seen from outside"
+	default:
+		c.Reason = "a key's repeated prompt hits its cache; the same prompt from another key does not"
+	}
+	return c
+}
+
+// errorHygiene sends malformed requests and holds every error of the run
+// to OpenAI's JSON shape without traces.
+func (p *prober) errorHygiene(ctx context.Context) Check {
+	p.progress.phase("error hygiene")
+	c := Check{Name: "errors", Verdict: Pass}
+	type bad struct {
+		what, method, path string
+		key                int
+		body               string
+	}
+	var cases []bad
+	for k := 0; k < min(len(p.cfg.Keys), 2); k++ {
+		secret := p.canaries.mint(k)
+		m := p.model
+		cases = append(cases,
+			bad{"a body that is not JSON", "POST", "/v1/completions", k, `{"model": "` + m + `", "prompt": "` + secret},
+			bad{"no prompt", "POST", "/v1/completions", k, `{"model": "` + m + `", "max_tokens": 4}`},
+			bad{"max_tokens=-1", "POST", "/v1/completions", k, `{"model": "` + m + `", "prompt": "` + secret + `", "max_tokens": -1}`},
+			bad{"max_tokens of the wrong type", "POST", "/v1/completions", k, `{"model": "` + m + `", "prompt": "` + secret + `", "max_tokens": "ten"}`},
+			bad{"messages of the wrong type", "POST", "/v1/chat/completions", k, `{"model": "` + m + `", "messages": "` + secret + `"}`},
+			bad{"an unknown model", "POST", "/v1/completions", k, `{"model": "pw-probe-no-such-model-` + secret + `", "prompt": "hi", "max_tokens": 1}`},
+		)
+	}
+	cases = append(cases,
+		bad{"a made-up key", "POST", "/v1/completions", keyInvalid, `{"model": "` + p.model + `", "prompt": "hi", "max_tokens": 1}`},
+		bad{"no key", "POST", "/v1/completions", keyNone, `{"model": "` + p.model + `", "prompt": "hi", "max_tokens": 1}`},
+	)
+	for _, b := range cases {
+		e := p.send(ctx, &exchange{key: b.key, method: b.method, path: b.path, body: []byte(b.body), desc: b.method + " " + b.path + " with " + b.what})
+		c.Requests++
+		if e.status < 400 || e.status >= 500 {
+			c.fail(e.evidence(fmt.Sprintf("%s answered %d, not a 4xx", b.what, e.status), nil))
+		}
+	}
+	// Every error answer of the whole run so far, these included.
+	p.mu.Lock()
+	all := append([]*exchange(nil), p.all...)
+	p.mu.Unlock()
+	errs := 0
+	for _, e := range all {
+		if e.status < 400 {
+			continue
+		}
+		errs++
+		if why := errorShape(e.raw); why != "" {
+			c.fail(e.evidence(fmt.Sprintf("%d: %s", e.status, why), nil))
+		} else if m := traceIn(e.raw); m != "" {
+			c.fail(e.evidence(fmt.Sprintf("%d: the error body holds %q, a piece of a stack trace or an internal path", e.status, m), nil))
+		} else if ct := e.header.Get("Content-Type"); !strings.Contains(ct, "json") {
+			c.fail(e.evidence(fmt.Sprintf("%d: Content-Type %q for a JSON error", e.status, ct), nil))
+		}
+	}
+	c.Numbers = map[string]any{"error_answers": errs}
+	if c.Verdict == Pass {
+		c.Reason = fmt.Sprintf("%d malformed requests refused with a 4xx; all %d error answers of the run are OpenAI-shaped JSON without traces", len(cases), errs)
+	} else {
+		c.Reason = fmt.Sprintf("%d error answers are wrong", len(c.Evidence))
+	}
+	return c
+}
+
+// overload sends a burst from one key at once: each answer must be a
+// complete 200, or a 429/503 with a Retry-After and a JSON error.
+func (p *prober) overload(ctx context.Context) Check {
+	n := 96
+	if p.cfg.Quick {
+		n = 24
+	}
+	p.progress.phase(fmt.Sprintf("overload: a burst of %d concurrent requests from key 0", n))
+	c := Check{Name: "overload", Verdict: Pass}
+	maxTok := 16
+	prompt := "Overload probe. " + pad(min(p.promptBytes()/2, 2000))
+	out := make([]*exchange, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i] = p.send(ctx, newCompletion(0, p.model, prompt, maxTok, i%2 == 1, nil, 0, "burst request"))
+		}()
+	}
+	wg.Wait()
+	c.Requests = n
+	refused, ok := 0, 0
+	promptTokens := map[int]int{}
+	for _, e := range out {
+		switch {
+		case e.status == 0:
+			c.fail(e.evidence("no response", nil))
+		case e.status == http.StatusOK:
+			if why := e.incomplete(); why != "" {
+				c.fail(e.evidence(why, nil))
+				continue
+			}
+			ok++
+			if e.usage != nil {
+				promptTokens[e.usage.PromptTokens]++
+			}
+		case e.status == http.StatusTooManyRequests || e.status == http.StatusServiceUnavailable:
+			refused++
+			if why := retryAfter(e.header.Get("Retry-After")); why != "" {
+				c.fail(e.evidence(fmt.Sprintf("%d %s", e.status, why), nil))
+			}
+			if why := errorShape(e.raw); why != "" {
+				c.fail(e.evidence(fmt.Sprintf("%d: %s", e.status, why), nil))
+			}
+		default:
+			c.fail(e.evidence(fmt.Sprintf("answered %d to a burst (want 200, 429 or 503)", e.status), nil))
+		}
+	}
+	if len(promptTokens) > 1 {
+		// One prompt, so one count: a different one is someone else's
+		// usage, or garbage.
+		for _, e := range out {
+			if e.status == http.StatusOK && e.usage != nil && promptTokens[e.usage.PromptTokens] < max(2, ok/2) {
+				c.fail(e.evidence(fmt.Sprintf("usage.prompt_tokens=%d, while the same prompt counted %v in the other answers", e.usage.PromptTokens, promptTokens), nil))
+			}
+		}
+	}
+	c.Numbers = map[string]any{"burst": n, "ok": ok, "refused": refused}
+	switch {
+	case c.Verdict == Fail:
+		c.Reason = fmt.Sprintf("%d answers to the burst were wrong", len(c.Evidence))
+	case refused == 0:
+		c.Verdict = Skip
+		c.Reason = fmt.Sprintf("all %d concurrent requests were served completely; the server was not pushed into refusing (use a key with a concurrency limit)", n)
+	default:
+		c.Reason = fmt.Sprintf("%d complete answers and %d refusals (429/503 with Retry-After and a JSON error)", ok, refused)
+	}
+	return c
+}
+
+// retryAfter reports what is wrong with a Retry-After value, or "".
+func retryAfter(v string) string {
+	if v == "" {
+		return "without Retry-After"
+	}
+	if s, err := strconv.Atoi(v); err == nil && s >= 0 {
+		return ""
+	}
+	if _, err := http.ParseTime(v); err == nil {
+		return ""
+	}
+	return fmt.Sprintf("with Retry-After %q (neither seconds nor an HTTP date)", v)
+}

@@ -1,0 +1,480 @@
+package probe
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// canaryLen is the length of a secret: 24 letters of 32, 120 bits.
+const canaryLen = 24
+
+// ngram is the length of the pieces of a secret looked for on their own:
+// 50 bits, so a chance match in a probe's worth of output is below 1e-9,
+// while a third of a secret copied out of place is still found.
+const ngram = 10
+
+// canarySet holds every secret sent, by key.
+type canarySet struct {
+	mu     sync.Mutex
+	owner  map[string]int // secret -> key
+	perKey map[int]int    // key -> secrets minted
+	pieces map[string]int // every ngram of every secret -> key
+}
+
+func newCanarySet() *canarySet {
+	return &canarySet{owner: map[string]int{}, perKey: map[int]int{}, pieces: map[string]int{}}
+}
+
+// mint makes and records a fresh secret for key.
+func (s *canarySet) mint(key int) string {
+	c := randomToken(canaryLen)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.owner[c] = key
+	s.perKey[key]++
+	for i := 0; i+ngram <= len(c); i++ {
+		s.pieces[c[i:i+ngram]] = key
+	}
+	return c
+}
+
+// hit is a foreign secret found in a response.
+type hit struct {
+	owner int    // the key whose secret it is
+	exact bool   // the whole secret, not only an n-gram
+	piece string // what matched
+}
+
+// normalize lowers letters and drops everything that is not a letter or a
+// digit, so that a secret split by spaces or JSON escapes still matches.
+func normalize(b []byte) []byte {
+	out := make([]byte, 0, len(b))
+	for _, c := range bytes.ToLower(b) {
+		if c >= 'a' && c <= 'z' || c >= '0' && c <= '9' {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// foreign returns the first secret of a key other than key found in b.
+func (s *canarySet) foreign(key int, b []byte) (hit, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c, o := range s.owner {
+		if o != key && bytes.Contains(b, []byte(c)) {
+			return hit{owner: o, exact: true, piece: c}, true
+		}
+	}
+	n := normalize(b)
+	for i := 0; i+ngram <= len(n); i++ {
+		if o, ok := s.pieces[string(n[i:i+ngram])]; ok && o != key {
+			return hit{owner: o, piece: string(n[i : i+ngram])}, true
+		}
+	}
+	return hit{}, false
+}
+
+// foreignTo is the number of secrets minted so far for keys other than key.
+func (s *canarySet) foreignTo(key int) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.owner) - s.perKey[key]
+}
+
+func (s *canarySet) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.owner)
+}
+
+// filler is ordinary prose that pads prompts to a length.
+var filler = []string{
+	"The ledger lists every page with its owner and epoch.",
+	"A quiet river runs past the old mill at the edge of town.",
+	"Each morning the baker counts the loaves twice before opening.",
+	"Numbers in the table are rounded to the nearest whole unit.",
+	"The committee met on Tuesday and adjourned before noon.",
+}
+
+// pad returns prose of about n bytes.
+func pad(n int) string {
+	var b strings.Builder
+	for i := 0; b.Len() < n; i++ {
+		b.WriteString(filler[i%len(filler)])
+		b.WriteByte(' ')
+	}
+	return b.String()[:n]
+}
+
+// canaryPrompt is a copy task around secret, about size bytes long (at
+// least minCanaryPrompt: the secret twice and the instruction).
+func canaryPrompt(secret string, size int) string {
+	head, tail := "Copy exactly.\nid: "+secret+"\n", "\nid: "+secret+"\nCopy:\nid: "
+	if size >= 200 {
+		head = "Copy the record below exactly, character for character.\nRECORD id: " + secret + "\n"
+		tail = "\nEND RECORD id: " + secret + "\nCopy of the record:\nRECORD id: "
+	}
+	n := max(size-len(head)-len(tail), 0)
+	return head + pad(n) + tail
+}
+
+// minCanaryPrompt is the shortest copy task.
+const minCanaryPrompt = 18 + canaryLen + 1 + 16 + canaryLen
+
+// promptBytes is how long the probe's long prompts are: half the window
+// (no tokenizer makes fewer than one byte a token, bar special tokens),
+// between 64 bytes and 8 KiB.
+func (p *prober) promptBytes() int {
+	if p.window == 0 {
+		return 2000
+	}
+	return min(max(p.window/2, 64), 8000)
+}
+
+// baseline is a request whose text must not change with load: greedy or
+// seeded, sent first alone.
+type baseline struct {
+	name string
+	mk   func() *exchange
+	solo *exchange
+}
+
+func (b *baseline) ok() bool { return b.solo.status == http.StatusOK && b.solo.incomplete() == "" }
+
+// baselines sends the determinism requests alone.
+func (p *prober) baselines(ctx context.Context) []*baseline {
+	p.progress.phase("determinism baselines, alone")
+	maxTok := 24
+	if p.cfg.Quick {
+		maxTok = 12
+	}
+	size := min(p.promptBytes(), 600)
+	var bs []*baseline
+	for k := 0; k < min(len(p.cfg.Keys), 2); k++ {
+		prompt := fmt.Sprintf("Key %d determinism prompt. %s", k, pad(size))
+		seed := int64(4242 + k)
+		bs = append(bs,
+			&baseline{name: fmt.Sprintf("key %d greedy completion", k), mk: func() *exchange {
+				return newCompletion(k, p.model, prompt, maxTok, false, nil, 0, "greedy prompt")
+			}},
+			&baseline{name: fmt.Sprintf("key %d seeded completion (temperature 1, seed %d), streamed", k, seed), mk: func() *exchange {
+				return newCompletion(k, p.model, prompt, maxTok, true, &seed, 1, fmt.Sprintf("seeded prompt seed=%d temperature=1", seed))
+			}})
+		if k == 0 {
+			bs = append(bs, &baseline{name: "key 0 greedy chat", mk: func() *exchange {
+				return newChat(0, p.model, prompt, maxTok, false, nil, 0, "greedy chat")
+			}})
+		}
+	}
+	for _, b := range bs {
+		b.solo = p.sendRetry(ctx, b.mk)
+	}
+	return bs
+}
+
+// replay sends every baseline request again, one after another.
+func (p *prober) replay(ctx context.Context, bs []*baseline, label string) []*exchange {
+	p.progress.phase("determinism replays " + label)
+	out := make([]*exchange, len(bs))
+	for i, b := range bs {
+		out[i] = p.sendRetry(ctx, b.mk)
+	}
+	return out
+}
+
+// loadResult is what the concurrent phase sent.
+type loadResult struct {
+	trials  []*exchange   // canary requests, finished and abandoned
+	replays [][]*exchange // determinism replays made inside the load
+}
+
+// load runs the canary copy tasks of every key at once, with clients that
+// leave mid-stream mixed in, and replays the determinism baselines twice
+// while it runs.
+func (p *prober) load(ctx context.Context, bs []*baseline) *loadResult {
+	p.progress.phase(fmt.Sprintf("canaries: %d keys × %d copy tasks at once, with an abort storm", len(p.cfg.Keys), p.cfg.Trials))
+	maxTok := 32
+	if p.cfg.Quick {
+		maxTok = 12
+	}
+	// The copy tasks must fit the window with the leaving clients'
+	// max_tokens (3×) and a margin for special tokens and a chat template.
+	size := p.promptBytes()
+	if p.window > 0 {
+		size = min(size, p.window-3*maxTok-48)
+	}
+	size = max(size, minCanaryPrompt)
+	aborts := max(p.cfg.Trials/2, 2)
+	res := &loadResult{}
+	var mu sync.Mutex
+	keep := func(e *exchange) {
+		mu.Lock()
+		res.trials = append(res.trials, e)
+		mu.Unlock()
+	}
+	replaysDone := make(chan struct{})
+	started := make(chan struct{})
+	var once sync.Once
+	var wg sync.WaitGroup
+	for k := range p.cfg.Keys {
+		// Two copy-task clients per key.
+		for w := 0; w < 2; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := w; ; i += 2 {
+					if i >= p.cfg.Trials {
+						// Keep the load up until the replays are
+						// done, within three times the trials.
+						select {
+						case <-replaysDone:
+							return
+						default:
+						}
+						if i >= 3*p.cfg.Trials || ctx.Err() != nil {
+							return
+						}
+					}
+					secret := p.canaries.mint(k)
+					prompt := canaryPrompt(secret, size)
+					stream := i%2 == 1
+					e := p.sendRetry(ctx, func() *exchange {
+						if i%4 == 3 {
+							return newChat(k, p.model, prompt, maxTok, stream, nil, 0, "copy task with a secret")
+						}
+						return newCompletion(k, p.model, prompt, maxTok, stream, nil, 0, "copy task with a secret")
+					})
+					keep(e)
+					once.Do(func() { close(started) })
+				}
+			}()
+		}
+		// One client per key that leaves its streams after 1-3 events.
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < aborts && ctx.Err() == nil; i++ {
+				secret := p.canaries.mint(k)
+				prompt := canaryPrompt(secret, size)
+				e := p.sendRetry(ctx, func() *exchange {
+					if i%4 == 3 {
+						// Gone within a few milliseconds: most likely
+						// while the prompt is read (the incident's
+						// abort in prefill).
+						e := newCompletion(k, p.model, prompt, 3*maxTok, true, nil, 0, fmt.Sprintf("copy task, client leaves after %d ms", 1+i%5))
+						e.leaveAfter = time.Duration(1+i%5) * time.Millisecond
+						return e
+					}
+					e := newCompletion(k, p.model, prompt, 3*maxTok, true, nil, 0, fmt.Sprintf("copy task, client leaves after %d events", 1+i%3))
+					e.abortAfter = 1 + i%3
+					return e
+				})
+				keep(e)
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(replaysDone)
+		select {
+		case <-started:
+		case <-ctx.Done():
+			return
+		}
+		for round := 0; round < 2; round++ {
+			r := make([]*exchange, len(bs))
+			for i, b := range bs {
+				r[i] = p.sendRetry(ctx, b.mk)
+			}
+			res.replays = append(res.replays, r)
+		}
+	}()
+	wg.Wait()
+	return res
+}
+
+// canaryCheck looks for foreign secrets in everything the run received:
+// bodies, stream events and headers, of every phase.
+func (p *prober) canaryCheck(load *loadResult) (Check, Leak) {
+	c := Check{Name: "canaries", Verdict: Pass}
+	p.mu.Lock()
+	all := append([]*exchange(nil), p.all...)
+	p.mu.Unlock()
+	trials, leaks := 0, 0
+	for _, e := range all {
+		if e.status == 0 && len(e.raw) == 0 {
+			continue // nothing came back to look at
+		}
+		if e.foreign > 0 {
+			// A trial: a response that could have held another
+			// key's secret. Earlier ones are scanned all the same.
+			trials++
+		}
+		found := false
+		if h, ok := p.canaries.foreign(e.key, e.raw); ok {
+			found = true
+			c.fail(e.evidence(describeHit(e, h, "body"), excerpt(e.raw, h.piece)))
+		}
+		for _, name := range sortedKeys(e.header) {
+			line := []byte(name + ": " + strings.Join(e.header[name], ", "))
+			if h, ok := p.canaries.foreign(e.key, line); ok {
+				found = true
+				c.fail(e.evidence(describeHit(e, h, "header "+name), line))
+			}
+		}
+		if found {
+			leaks++
+			p.progress.leaks.Add(1)
+		}
+	}
+	c.Requests = trials
+	leak := Leak{Trials: trials, Leaks: leaks, Upper95: upper95(trials, leaks)}
+	answered := 0
+	for _, e := range load.trials {
+		if e.status == http.StatusOK {
+			answered++
+		}
+	}
+	c.Numbers = map[string]any{"secrets": p.canaries.len(), "responses_scanned": trials, "leaks": leaks,
+		"copy_tasks": len(load.trials), "copy_tasks_answered": answered, "leak_rate_upper95": leak.Upper95}
+	switch {
+	case c.Verdict == Pass && 2*answered < len(load.trials):
+		// Refusals hold no other tenant's data to leak: too few answers
+		// under concurrent load say nothing about isolation.
+		c.Verdict = Skip
+		c.Reason = fmt.Sprintf("only %d of %d copy tasks were answered with a 200; no foreign secret in %d responses", answered, len(load.trials), trials)
+	case c.Verdict == Pass:
+		c.Reason = fmt.Sprintf("no foreign secret in %d responses (bodies, stream events, headers) holding %d secrets; leak rate ≤ %s (95%% upper bound)",
+			trials, p.canaries.len(), percent(leak.Upper95))
+	default:
+		c.Reason = fmt.Sprintf("%d of %d responses hold another key's secret", leaks, trials)
+	}
+	return c, leak
+}
+
+func describeHit(e *exchange, h hit, where string) string {
+	kind := "a 10-character piece of"
+	if h.exact {
+		kind = "the whole"
+	}
+	return fmt.Sprintf("%s of key %d's answer holds %s secret %q of key %d", where, e.key, kind, h.piece, h.owner)
+}
+
+// excerpt is the part of b around piece (or b's start).
+func excerpt(b []byte, piece string) []byte {
+	i := bytes.Index(b, []byte(piece))
+	if i < 0 {
+		return b
+	}
+	lo, hi := max(i-120, 0), min(i+len(piece)+120, len(b))
+	return b[lo:hi]
+}
+
+func sortedKeys(h http.Header) []string {
+	ks := make([]string, 0, len(h))
+	for k := range h {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}
+
+// stormCheck judges the answers of the loaded phase and after it: every
+// answer the client did not leave is complete, nothing breaks, and the
+// server answers after the storm.
+func (p *prober) stormCheck(load *loadResult, bs []*baseline, after []*exchange) Check {
+	c := Check{Name: "abort-storm", Verdict: Pass}
+	left, finished := 0, 0
+	judge := func(e *exchange, when string) {
+		c.Requests++
+		switch {
+		case e.aborted:
+			left++
+		case e.status == 0:
+			c.fail(e.evidence(when+": no response", nil))
+		case e.status >= 500 && e.status != http.StatusServiceUnavailable:
+			c.fail(e.evidence(fmt.Sprintf("%s: %d", when, e.status), nil))
+		case e.status == http.StatusOK:
+			if why := e.incomplete(); why != "" {
+				c.fail(e.evidence(when+": "+why, nil))
+			} else {
+				finished++
+			}
+		}
+	}
+	for _, e := range load.trials {
+		judge(e, "during the storm")
+	}
+	for _, r := range load.replays {
+		for _, e := range r {
+			judge(e, "during the storm")
+		}
+	}
+	for i, e := range after {
+		judge(e, "after the storm")
+		if bs[i].ok() && e.status != http.StatusOK {
+			c.fail(e.evidence(fmt.Sprintf("after the storm: %s answered %d (alone, before it: 200)", bs[i].name, e.status), nil))
+		}
+	}
+	c.Numbers = map[string]any{"streams_left": left, "complete_answers": finished}
+	switch {
+	case c.Verdict == Fail:
+		c.Reason = fmt.Sprintf("%d answers were broken or incomplete with %d clients leaving mid-stream", len(c.Evidence), left)
+	case left == 0:
+		c.Verdict = Skip
+		c.Reason = "no client left a stream mid-way (every stream ended before its abort point)"
+	default:
+		c.Reason = fmt.Sprintf("%d clients left mid-stream; all %d other answers were complete, and the server answered as before afterwards", left, finished)
+	}
+	return c
+}
+
+// determinism compares each baseline's text alone with its replays
+// inside the load and after the storm.
+func (p *prober) determinism(bs []*baseline, during [][]*exchange, after []*exchange) Check {
+	c := Check{Name: "determinism", Verdict: Pass}
+	compared, usable := 0, 0
+	cmp := func(b *baseline, e *exchange, when string) {
+		if e.status != http.StatusOK || e.incomplete() != "" {
+			return // the storm check judges broken answers
+		}
+		compared++
+		c.Requests++
+		if e.text != b.solo.text {
+			c.fail(e.evidence(fmt.Sprintf("%s %s differs from its answer alone", b.name, when),
+				[]byte(fmt.Sprintf("alone: %q\n%s: %q", clip([]byte(b.solo.text), 180), when, clip([]byte(e.text), 180)))))
+		}
+	}
+	for i, b := range bs {
+		if !b.ok() {
+			c.fail(b.solo.evidence(b.name+": the request alone did not get a complete 200", nil))
+			continue
+		}
+		usable++
+		for _, r := range during {
+			cmp(b, r[i], "under load")
+		}
+		if i < len(after) {
+			cmp(b, after[i], "after the storm")
+		}
+	}
+	c.Numbers = map[string]any{"baselines": len(bs), "comparisons": compared}
+	switch {
+	case c.Verdict == Fail:
+		c.Reason = fmt.Sprintf("%d of %d answers differ from (or lack) their answer alone", len(c.Evidence), compared)
+	case compared == 0:
+		c.Verdict = Skip
+		c.Reason = "no replay got a complete 200 to compare"
+	default:
+		c.Reason = fmt.Sprintf("%d greedy and seeded answers under load and after the storm equal their answers alone (%d baselines)", compared, usable)
+	}
+	return c
+}

@@ -1,0 +1,420 @@
+package probe
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ErrConfig wraps every invalid Config.
+var ErrConfig = errors.New("probe: invalid config")
+
+// Config says what to probe and how hard.
+type Config struct {
+	// URL is the server's base URL (scheme and host, optionally a path
+	// prefix before /v1).
+	URL string
+	// Keys are two or more API keys, ideally of different tenants. They
+	// are never written to the report.
+	Keys []string
+	// Model is the model name sent; "" takes the first from /v1/models.
+	Model string
+	// Window is the context window in tokens; 0 takes max_model_len from
+	// /v1/models or /tokenize.
+	Window int
+	// PageSize is the KV page size in tokens, for the "+one page"
+	// boundary; 0 means 16 (pagewarden's and vLLM's default block).
+	PageSize int
+	// Quick runs fewer trials (for tests and smoke checks).
+	Quick bool
+	// Trials is the number of canary requests per key; 0 means 40, or 6
+	// with Quick.
+	Trials int
+	// Timeout bounds each request; 0 means 60 s.
+	Timeout time.Duration
+	// HTTPClient is used for every request; nil makes one.
+	HTTPClient *http.Client
+	// Progress receives progress lines while the probe runs; nil: none.
+	Progress io.Writer
+}
+
+// Validate checks c and fills in defaults.
+func (c *Config) Validate() error {
+	u, err := url.Parse(c.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("%w: --url %q: want http://host:port or https://host:port", ErrConfig, c.URL)
+	}
+	c.URL = strings.TrimRight(c.URL, "/")
+	c.URL = strings.TrimSuffix(c.URL, "/v1")
+	if len(c.Keys) < 2 {
+		return fmt.Errorf("%w: want at least two --key (of two tenants), got %d", ErrConfig, len(c.Keys))
+	}
+	seen := map[string]bool{}
+	for i, k := range c.Keys {
+		if k == "" || strings.ContainsAny(k, " \t\r\n") {
+			return fmt.Errorf("%w: key %d is empty or holds white space", ErrConfig, i)
+		}
+		if seen[k] {
+			return fmt.Errorf("%w: key %d is given twice", ErrConfig, i)
+		}
+		seen[k] = true
+	}
+	if c.Window < 0 || c.Window > 1<<24 {
+		return fmt.Errorf("%w: --window %d: want 0 (discover) or 1..%d", ErrConfig, c.Window, 1<<24)
+	}
+	if c.PageSize == 0 {
+		c.PageSize = 16
+	}
+	if c.PageSize < 1 || c.PageSize > 1<<16 {
+		return fmt.Errorf("%w: --page-size %d: want 1..65536", ErrConfig, c.PageSize)
+	}
+	if c.Trials == 0 {
+		c.Trials = 40
+		if c.Quick {
+			c.Trials = 6
+		}
+	}
+	if c.Trials < 1 || c.Trials > 10000 {
+		return fmt.Errorf("%w: --trials %d: want 1..10000", ErrConfig, c.Trials)
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 60 * time.Second
+	}
+	if c.Timeout < 0 {
+		return fmt.Errorf("%w: --timeout %v must be positive", ErrConfig, c.Timeout)
+	}
+	return nil
+}
+
+// Verdict is a check's outcome.
+type Verdict string
+
+const (
+	Pass Verdict = "pass"
+	Fail Verdict = "fail"
+	Skip Verdict = "skip"
+)
+
+// Evidence is one observation behind a verdict. Key is the index of the
+// key that sent the request (-1: a made-up key), never the key itself.
+type Evidence struct {
+	What    string `json:"what"`
+	Request string `json:"request,omitempty"`
+	Key     int    `json:"key"`
+	Status  int    `json:"status,omitempty"`
+	Error   string `json:"error,omitempty"`
+	Bytes   string `json:"bytes,omitempty"`
+}
+
+// Check is one check's result.
+type Check struct {
+	Name     string         `json:"name"`
+	Verdict  Verdict        `json:"verdict"`
+	Reason   string         `json:"reason"`
+	Requests int            `json:"requests"`
+	Evidence []Evidence     `json:"evidence,omitempty"`
+	Numbers  map[string]any `json:"numbers,omitempty"`
+}
+
+// maxEvidence bounds the evidence kept per check.
+const maxEvidence = 20
+
+func (c *Check) fail(ev Evidence) {
+	c.Verdict = Fail
+	if len(c.Evidence) < maxEvidence {
+		c.Evidence = append(c.Evidence, ev)
+	}
+}
+
+// Leak is the canary trials' result.
+type Leak struct {
+	Trials int `json:"trials"`
+	Leaks  int `json:"leaks"`
+	// Upper95 is the one-sided 95% Clopper-Pearson upper bound on the
+	// probability that a response carries another key's secret.
+	Upper95 float64 `json:"upper95"`
+}
+
+// Report is the probe's result.
+type Report struct {
+	URL       string    `json:"url"`
+	Model     string    `json:"model"`
+	Keys      int       `json:"keys"`
+	Window    int       `json:"window"`
+	WindowSrc string    `json:"window_source"`
+	Tokenize  bool      `json:"tokenize"`
+	Quick     bool      `json:"quick"`
+	Started   time.Time `json:"started"`
+	Seconds   float64   `json:"seconds"`
+	Requests  int       `json:"requests"`
+	Checks    []Check   `json:"checks"`
+	Leak      Leak      `json:"leak"`
+}
+
+// Failed reports whether any check failed.
+func (r *Report) Failed() bool {
+	for _, c := range r.Checks {
+		if c.Verdict == Fail {
+			return true
+		}
+	}
+	return false
+}
+
+// Check returns the named check, or nil.
+func (r *Report) Check(name string) *Check {
+	for i := range r.Checks {
+		if r.Checks[i].Name == name {
+			return &r.Checks[i]
+		}
+	}
+	return nil
+}
+
+// JSON is the report as indented JSON.
+func (r *Report) JSON() []byte {
+	b, _ := json.MarshalIndent(r, "", "  ")
+	return append(b, '\n')
+}
+
+// prober is one run's state.
+type prober struct {
+	cfg      Config
+	c        *client
+	model    string
+	window   int
+	tokenize bool
+	canaries *canarySet
+	progress *progress
+
+	mu  sync.Mutex
+	all []*exchange // every exchange, for the canary and error scans
+}
+
+// send runs e and remembers it.
+func (p *prober) send(ctx context.Context, e *exchange) *exchange {
+	e.foreign = p.canaries.foreignTo(e.key)
+	p.c.do(ctx, e)
+	p.mu.Lock()
+	p.all = append(p.all, e)
+	p.mu.Unlock()
+	p.progress.requests.Add(1)
+	return e
+}
+
+// sendRetry is send for load phases: a 429 or 503 (the server saying it
+// is full, which the overload check judges) is retried a few times after
+// its Retry-After, at most a second, so that a tenant's concurrency cap
+// does not empty the trials.
+func (p *prober) sendRetry(ctx context.Context, mk func() *exchange) *exchange {
+	var e *exchange
+	for try := 0; try < 5; try++ {
+		e = p.send(ctx, mk())
+		if e.status != http.StatusTooManyRequests && e.status != http.StatusServiceUnavailable {
+			return e
+		}
+		wait := 200 * time.Millisecond << try
+		select {
+		case <-ctx.Done():
+			return e
+		case <-time.After(min(wait, time.Second)):
+		}
+	}
+	return e
+}
+
+// Run probes cfg.URL and returns the report. An error means the probe
+// could not run at all (a bad config, or no model to probe); a failing
+// check is a report with Failed() true, not an error.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	hc := cfg.HTTPClient
+	if hc == nil {
+		hc = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, Proxy: http.ProxyFromEnvironment}}
+	}
+	p := &prober{cfg: cfg, c: &client{base: cfg.URL, keys: cfg.Keys, http: hc, timeout: cfg.Timeout},
+		canaries: newCanarySet(), progress: newProgress(cfg.Progress)}
+	defer p.progress.stop()
+	r := &Report{URL: cfg.URL, Keys: len(cfg.Keys), Quick: cfg.Quick, Started: time.Now().UTC()}
+	p.progress.phase("discovering the model and window")
+	if err := p.discover(ctx, r); err != nil {
+		return nil, err
+	}
+	r.Model, r.Window, r.Tokenize = p.model, p.window, p.tokenize
+
+	r.Checks = append(r.Checks, p.boundary(ctx))
+	base := p.baselines(ctx)
+	r.Checks = append(r.Checks, p.prefixCache(ctx))
+	load := p.load(ctx, base)
+	after := p.replay(ctx, base, "after the storm")
+	r.Checks = append(r.Checks, p.stormCheck(load, base, after))
+	r.Checks = append(r.Checks, p.determinism(base, load.replays, after))
+	r.Checks = append(r.Checks, p.errorHygiene(ctx))
+	r.Checks = append(r.Checks, p.overload(ctx))
+	canary, leak := p.canaryCheck(load)
+	// The canary check is the headline: it goes first.
+	r.Checks = append([]Check{canary}, r.Checks...)
+	r.Leak = leak
+	r.Requests = int(p.progress.requests.Load())
+	r.Seconds = time.Since(r.Started).Seconds()
+	p.progress.phase("done")
+	return r, ctx.Err()
+}
+
+// discover finds the model name and the window.
+func (p *prober) discover(ctx context.Context, r *Report) error {
+	p.model, p.window = p.cfg.Model, p.cfg.Window
+	r.WindowSrc = "--window"
+	e := p.send(ctx, &exchange{key: 0, method: http.MethodGet, path: "/v1/models", desc: "GET /v1/models"})
+	if e.err != nil && e.status == 0 {
+		return fmt.Errorf("probe: GET %s/v1/models: %w", p.cfg.URL, e.err)
+	}
+	var models struct {
+		Data []struct {
+			ID          string `json:"id"`
+			MaxModelLen int    `json:"max_model_len"`
+			Meta        *struct {
+				NCtxTrain int `json:"n_ctx_train"`
+			} `json:"meta"`
+		} `json:"data"`
+	}
+	if e.status == http.StatusOK {
+		_ = json.Unmarshal(e.raw, &models)
+	}
+	if p.model == "" {
+		if len(models.Data) == 0 {
+			return fmt.Errorf("probe: GET /v1/models answered %d with no model; name one with --model", e.status)
+		}
+		p.model = models.Data[0].ID
+	}
+	for _, m := range models.Data {
+		if m.ID == p.model && m.MaxModelLen > 0 && p.window == 0 {
+			p.window, r.WindowSrc = m.MaxModelLen, "/v1/models max_model_len"
+		}
+	}
+	// /tokenize (vLLM's, and pagewarden's) also tells max_model_len.
+	t := p.send(ctx, tokenizeExchange(p.model, "probe"))
+	var tok struct {
+		Count       *int `json:"count"`
+		MaxModelLen int  `json:"max_model_len"`
+	}
+	if t.status == http.StatusOK && json.Unmarshal(t.raw, &tok) == nil && tok.Count != nil {
+		p.tokenize = true
+		if p.window == 0 && tok.MaxModelLen > 0 {
+			p.window, r.WindowSrc = tok.MaxModelLen, "/tokenize max_model_len"
+		}
+	}
+	if p.window == 0 {
+		r.WindowSrc = "unknown (give --window)"
+	}
+	p.progress.printf("model %q, window %d (%s), /tokenize %v", p.model, p.window, r.WindowSrc, p.tokenize)
+	return nil
+}
+
+func tokenizeExchange(model, text string) *exchange {
+	b, _ := json.Marshal(map[string]any{"model": model, "prompt": text, "add_special_tokens": false})
+	return &exchange{key: 0, method: http.MethodPost, path: "/tokenize", body: b, desc: fmt.Sprintf("POST /tokenize (%d bytes)", len(text))}
+}
+
+// countTokens asks /tokenize for the tokens of text (no special tokens).
+func (p *prober) countTokens(ctx context.Context, text string) ([]int, *exchange, bool) {
+	e := p.send(ctx, tokenizeExchange(p.model, text))
+	var tok struct {
+		Tokens []int `json:"tokens"`
+		Count  int   `json:"count"`
+	}
+	if e.status != http.StatusOK || json.Unmarshal(e.raw, &tok) != nil {
+		return nil, e, false
+	}
+	return tok.Tokens, e, true
+}
+
+// randomToken returns n characters of a 32-letter alphabet (no 0/o, 1/l):
+// 5 bits each from the system's random source.
+func randomToken(n int) string {
+	const alphabet = "abcdefghijkmnpqrstuvwxyz23456789"
+	b := make([]byte, n)
+	rand.Read(b)
+	for i := range b {
+		b[i] = alphabet[b[i]&31]
+	}
+	return string(b)
+}
+
+// progress writes one line per phase, and the request count every second
+// while a phase runs, to Config.Progress.
+type progress struct {
+	w        io.Writer
+	requests atomic.Int64
+	leaks    atomic.Int64
+	mu       sync.Mutex
+	name     string
+	start    time.Time
+	quit     chan struct{}
+	done     chan struct{}
+}
+
+func newProgress(w io.Writer) *progress {
+	pr := &progress{w: w, start: time.Now(), quit: make(chan struct{}), done: make(chan struct{})}
+	if w == nil {
+		close(pr.done)
+		return pr
+	}
+	go func() {
+		defer close(pr.done)
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		last := int64(-1)
+		for {
+			select {
+			case <-pr.quit:
+				return
+			case <-t.C:
+				if n := pr.requests.Load(); n != last {
+					last = n
+					pr.mu.Lock()
+					name := pr.name
+					pr.mu.Unlock()
+					pr.printf("  … %s: %d requests so far, %d foreign canaries seen", name, n, pr.leaks.Load())
+				}
+			}
+		}
+	}()
+	return pr
+}
+
+func (pr *progress) phase(name string) {
+	pr.mu.Lock()
+	pr.name = name
+	pr.mu.Unlock()
+	pr.printf("%s", name)
+}
+
+func (pr *progress) printf(format string, args ...any) {
+	if pr.w == nil {
+		return
+	}
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	fmt.Fprintf(pr.w, "probe [%5.1fs] %s\n", time.Since(pr.start).Seconds(), fmt.Sprintf(format, args...))
+}
+
+func (pr *progress) stop() {
+	select {
+	case <-pr.quit:
+	default:
+		close(pr.quit)
+	}
+	<-pr.done
+}

@@ -1,0 +1,414 @@
+package probe
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fault is a bug the fake server can be built with; each must make one
+// check fail.
+type fault string
+
+const (
+	faultNone        fault = ""
+	faultLeak        fault = "leak"         // key 1's answers copy key 0's last prompt
+	faultPromptOne   fault = "prompt-one"   // over-window prompts: 200 with prompt_tokens=1
+	faultAbort200    fault = "abort-200"    // after a client leaves, the next answer is a 200 "length" after 1 token
+	faultNondet      fault = "nondet"       // concurrent requests change each other's text
+	faultSharedCache fault = "shared-cache" // the prefix cache is not keyed by tenant
+	faultTraces      fault = "traces"       // error bodies carry a stack trace
+	faultOverload200 fault = "overload-200" // over the cap: a 200 with no choices instead of a 429
+)
+
+// fakeServer is a small OpenAI-compatible server: one token per byte (or
+// per id), a window of fakeWindow, a prefix cache in pages of 16 tokens,
+// a cap of fakeCap requests in flight per key, and a model that copies
+// its prompt (greedy) or draws letters from the seed (sampled).
+type fakeServer struct {
+	fault fault
+	keys  map[string]int
+
+	mu        sync.Mutex
+	inflight  map[int]int
+	total     int
+	last      map[int][]byte  // each tenant's last prompt
+	cache     map[string]bool // prefix-cache entries
+	abandoned bool            // a client left (faultAbort200)
+}
+
+const (
+	fakeWindow = 256
+	fakeCap    = 6
+)
+
+func newFake(f fault) *fakeServer {
+	return &fakeServer{fault: f, keys: map[string]int{"key-a": 0, "key-b": 1},
+		inflight: map[int]int{}, last: map[int][]byte{}, cache: map[string]bool{}}
+}
+
+func (s *fakeServer) fail(w http.ResponseWriter, status int, msg string, hdr ...string) {
+	if s.fault == faultTraces {
+		msg += "\ngoroutine 7 [running]:\nmain.(*server).complete()\n\t/src/fake/server.go:42 +0x1d"
+	}
+	w.Header().Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		w.Header().Set(hdr[i], hdr[i+1])
+	}
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{"message": msg, "type": "invalid_request_error", "param": nil, "code": nil}})
+}
+
+func (s *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	tenant, ok := s.keys[strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")]
+	if !ok {
+		s.fail(w, 401, "bad key")
+		return
+	}
+	switch r.URL.Path {
+	case "/v1/models":
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"object":"list","data":[{"id":"fake","object":"model","max_model_len":%d}]}`, fakeWindow)
+	case "/tokenize":
+		var req struct{ Prompt string }
+		if json.NewDecoder(r.Body).Decode(&req) != nil {
+			s.fail(w, 400, "bad json")
+			return
+		}
+		ids := []int{}
+		for _, b := range []byte(req.Prompt) {
+			ids = append(ids, int(b))
+		}
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(map[string]any{"count": len(ids), "tokens": ids, "max_model_len": fakeWindow})
+	case "/v1/completions", "/v1/chat/completions":
+		s.complete(w, r, tenant, r.URL.Path == "/v1/chat/completions")
+	default:
+		s.fail(w, 404, "no such path")
+	}
+}
+
+func (s *fakeServer) complete(w http.ResponseWriter, r *http.Request, tenant int, chat bool) {
+	var req struct {
+		Model       string
+		Prompt      json.RawMessage
+		Messages    []chatMessage
+		MaxTokens   *int `json:"max_tokens"`
+		Temperature float64
+		Seed        *int64
+		Stream      bool
+	}
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		s.fail(w, 400, "the body is not valid JSON")
+		return
+	}
+	if req.Model != "fake" {
+		s.fail(w, 404, "no such model")
+		return
+	}
+	var prompt []byte
+	switch {
+	case chat && len(req.Messages) > 0:
+		prompt = []byte(req.Messages[0].Content)
+	case !chat && len(req.Prompt) > 0 && req.Prompt[0] == '"':
+		var t string
+		json.Unmarshal(req.Prompt, &t)
+		prompt = []byte(t)
+	case !chat && len(req.Prompt) > 0 && req.Prompt[0] == '[':
+		var ids []int
+		json.Unmarshal(req.Prompt, &ids)
+		for _, id := range ids {
+			prompt = append(prompt, byte(id))
+		}
+	}
+	if len(prompt) == 0 || req.MaxTokens == nil || *req.MaxTokens < 1 {
+		s.fail(w, 400, "prompt and a positive max_tokens are required")
+		return
+	}
+	n, maxTok := len(prompt), *req.MaxTokens
+	promptTokens := n
+	if n >= fakeWindow || maxTok > fakeWindow-n {
+		if s.fault != faultPromptOne {
+			s.fail(w, 400, "context length exceeded")
+			return
+		}
+		promptTokens, maxTok = 1, 1 // the incident: a placeholder
+	}
+	s.mu.Lock()
+	if s.inflight[tenant] >= fakeCap {
+		s.mu.Unlock()
+		if s.fault == faultOverload200 {
+			w.Header().Set("Content-Type", "application/json")
+			w.Write([]byte(`{"object":"text_completion","choices":[]}`))
+			return
+		}
+		s.fail(w, 429, "too many requests", "Retry-After", "1")
+		return
+	}
+	s.inflight[tenant]++
+	s.total++
+	busy := s.total > 1
+	src := prompt
+	if o, ok := s.last[0]; s.fault == faultLeak && tenant == 1 && ok {
+		src = o
+	}
+	s.last[tenant] = prompt
+	key := string(prompt)
+	if s.fault != faultSharedCache {
+		key = strconv.Itoa(tenant) + "|" + key
+	}
+	cached := 0
+	if s.cache[key] {
+		cached = n / 16 * 16
+	}
+	s.cache[key] = true
+	short := false
+	if s.fault == faultAbort200 && s.abandoned {
+		s.abandoned, short = false, true
+	}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.inflight[tenant]--
+		s.total--
+		s.mu.Unlock()
+	}()
+
+	// The text: a copy of the record after its first "id: " (where the
+	// probe puts its secret), or seeded letters.
+	from := 0
+	if i := bytes.Index(src, []byte("id: ")); i >= 0 {
+		from = i + 4
+	}
+	out := make([]byte, maxTok)
+	h := fnv.New64a()
+	h.Write(prompt)
+	var rng *rand.Rand
+	if req.Temperature > 0 {
+		seed := uint64(time.Now().UnixNano())
+		if req.Seed != nil {
+			seed = uint64(*req.Seed)
+		}
+		rng = rand.New(rand.NewPCG(seed, h.Sum64()))
+	}
+	for i := range out {
+		switch {
+		case rng != nil:
+			out[i] = 'a' + byte(rng.IntN(26))
+		default:
+			out[i] = src[(from+i)%len(src)]
+		}
+	}
+	if s.fault == faultNondet && busy {
+		out[0] = '#'
+	}
+	finish := "length"
+	if short {
+		out = out[:1] // aborted, answered as a success
+	}
+	usage := map[string]any{"prompt_tokens": promptTokens, "completion_tokens": len(out), "total_tokens": promptTokens + len(out),
+		"prompt_tokens_details": map[string]any{"cached_tokens": cached}}
+	choice := func(text string, fin any) map[string]any {
+		if chat {
+			return map[string]any{"index": 0, "delta": map[string]any{"content": text}, "message": map[string]any{"content": text}, "finish_reason": fin}
+		}
+		return map[string]any{"index": 0, "text": text, "finish_reason": fin}
+	}
+	if !req.Stream {
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(map[string]any{"choices": []any{choice(string(out), finish)}, "usage": usage})
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(200)
+	fl := w.(http.Flusher)
+	for i := range out {
+		b, _ := json.Marshal(map[string]any{"choices": []any{choice(string(out[i:i+1]), nil)}})
+		fmt.Fprintf(w, "data: %s\n\n", b)
+		fl.Flush()
+		select {
+		case <-r.Context().Done():
+			s.mu.Lock()
+			s.abandoned = true
+			s.mu.Unlock()
+			return
+		case <-time.After(time.Millisecond):
+		}
+	}
+	b, _ := json.Marshal(map[string]any{"choices": []any{choice("", finish)}})
+	fmt.Fprintf(w, "data: %s\n\n", b)
+	b, _ = json.Marshal(map[string]any{"choices": []any{}, "usage": usage})
+	fmt.Fprintf(w, "data: %s\n\ndata: [DONE]\n\n", b)
+}
+
+// TestProbeFakeServer: against the correct fake every check passes (none
+// is skipped: the fake has a cache, a tokenizer and a cap), and each bug
+// makes its check fail with evidence, without a false leak elsewhere.
+func TestProbeFakeServer(t *testing.T) {
+	for _, tc := range []struct {
+		fault fault
+		check string // the check that must fail; "" none
+	}{
+		{faultNone, ""},
+		{faultLeak, "canaries"},
+		{faultPromptOne, "boundary"},
+		{faultAbort200, "abort-storm"},
+		{faultNondet, "determinism"},
+		{faultSharedCache, "prefix-cache"},
+		{faultTraces, "errors"},
+		{faultOverload200, "overload"},
+	} {
+		t.Run(string(cmpOr(tc.fault, "correct")), func(t *testing.T) {
+			srv := httptest.NewServer(newFake(tc.fault))
+			defer srv.Close()
+			r, err := Run(context.Background(), Config{URL: srv.URL, Keys: []string{"key-a", "key-b"}, Quick: true, Timeout: 10 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var sum bytes.Buffer
+			r.WriteSummary(&sum)
+			for _, c := range r.Checks {
+				switch {
+				case c.Name == tc.check:
+					if c.Verdict != Fail || len(c.Evidence) == 0 {
+						t.Errorf("%s: %s (%s) with %d evidence, want fail with evidence\n%s", c.Name, c.Verdict, c.Reason, len(c.Evidence), sum.String())
+					}
+				case tc.check == "":
+					if c.Verdict != Pass {
+						t.Errorf("%s: %s (%s), want pass\n%s", c.Name, c.Verdict, c.Reason, sum.String())
+					}
+				case c.Name == "canaries" && c.Verdict != Pass:
+					t.Errorf("a %s server made the canary check say %s: a false leak\n%s", tc.fault, c.Verdict, sum.String())
+				}
+			}
+			if r.Failed() != (tc.check != "") {
+				t.Errorf("Failed() = %v\n%s", r.Failed(), sum.String())
+			}
+			if tc.fault == faultNone && (r.Leak.Trials < 20 || r.Leak.Leaks != 0 || r.Leak.Upper95 >= 0.2) {
+				t.Errorf("leak stats %+v", r.Leak)
+			}
+			if tc.fault == faultLeak && r.Leak.Leaks == 0 {
+				t.Errorf("leak stats %+v", r.Leak)
+			}
+			// The report never holds a key.
+			if js := r.JSON(); bytes.Contains(js, []byte("key-a")) || bytes.Contains(js, []byte("key-b")) || strings.Contains(sum.String(), "key-a") {
+				t.Errorf("the report holds a key")
+			}
+		})
+	}
+}
+
+func cmpOr(f fault, d string) fault {
+	if f == "" {
+		return fault(d)
+	}
+	return f
+}
+
+func TestUpper95(t *testing.T) {
+	for _, tc := range []struct {
+		n, x int
+		want float64
+	}{
+		{0, 0, 1},
+		{1, 0, 0.95},
+		{100, 0, 0.0295130},   // 1 - 0.05^(1/100)
+		{1000, 0, 0.00299124}, // about 3/n
+		{10, 10, 1},
+		// Clopper-Pearson, one-sided 95%: computed apart by bisection on
+		// exact binomial sums (Python's math.comb).
+		{10, 1, 0.3941633},
+		{100, 5, 0.1022534},
+	} {
+		if got := upper95(tc.n, tc.x); math.Abs(got-tc.want) > 1e-5 {
+			t.Errorf("upper95(%d, %d) = %.7f, want %.7f", tc.n, tc.x, got, tc.want)
+		}
+	}
+}
+
+func TestCanarySet(t *testing.T) {
+	s := newCanarySet()
+	a, b := s.mint(0), s.mint(1)
+	for _, tc := range []struct {
+		name  string
+		key   int
+		text  string
+		owner int // -1: no hit
+		exact bool
+	}{
+		{"own secret", 0, "the answer is " + a, -1, false},
+		{"foreign secret", 0, "x" + b + "y", 1, true},
+		{"foreign piece", 1, "…" + a[3:3+ngram] + "…", 0, false},
+		{"foreign piece split by spaces", 1, strings.Join(strings.Split(strings.ToUpper(a[:12]), ""), " "), 0, false},
+		{"short piece", 1, a[:ngram-1], -1, false},
+		{"nothing", 0, "hello world", -1, false},
+	} {
+		h, ok := s.foreign(tc.key, []byte(tc.text))
+		if ok != (tc.owner >= 0) || ok && (h.owner != tc.owner || h.exact != tc.exact) {
+			t.Errorf("%s: %+v %v, want owner %d exact %v", tc.name, h, ok, tc.owner, tc.exact)
+		}
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		ok   bool
+	}{
+		{"ok", Config{URL: "http://127.0.0.1:8080/v1/", Keys: []string{"a", "b"}}, true},
+		{"one key", Config{URL: "http://h:1", Keys: []string{"a"}}, false},
+		{"same key twice", Config{URL: "http://h:1", Keys: []string{"a", "a"}}, false},
+		{"empty key", Config{URL: "http://h:1", Keys: []string{"a", ""}}, false},
+		{"no scheme", Config{URL: "h:1", Keys: []string{"a", "b"}}, false},
+		{"negative window", Config{URL: "http://h:1", Keys: []string{"a", "b"}, Window: -1}, false},
+		{"too many trials", Config{URL: "http://h:1", Keys: []string{"a", "b"}, Trials: 10001}, false},
+	} {
+		err := tc.cfg.Validate()
+		if (err == nil) != tc.ok {
+			t.Errorf("%s: %v", tc.name, err)
+		}
+		if tc.ok && tc.cfg.URL != "http://127.0.0.1:8080" {
+			t.Errorf("%s: URL %q", tc.name, tc.cfg.URL)
+		}
+	}
+}
+
+// TestSummaryShowsEvidence: a failing run's summary names the failing
+// check, the request (by key index) and the offending bytes.
+func TestSummaryShowsEvidence(t *testing.T) {
+	srv := httptest.NewServer(newFake(faultLeak))
+	defer srv.Close()
+	var progress bytes.Buffer
+	r, err := Run(context.Background(), Config{URL: srv.URL, Keys: []string{"key-a", "key-b"}, Quick: true, Progress: &progress})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum bytes.Buffer
+	r.WriteSummary(&sum)
+	for _, want := range []string{"FAIL  canaries", "request: key 1, POST /v1/", "secret", "bytes: ", "verdict: FAIL"} {
+		if !strings.Contains(sum.String(), want) {
+			t.Errorf("summary lacks %q:\n%s", want, sum.String())
+		}
+	}
+	for _, want := range []string{"canaries:", "overload:", "done"} {
+		if !strings.Contains(progress.String(), want) {
+			t.Errorf("progress lacks %q:\n%s", want, progress.String())
+		}
+	}
+	var back Report
+	if err := json.Unmarshal(r.JSON(), &back); err != nil || back.Check("canaries").Verdict != Fail {
+		t.Errorf("JSON report does not round-trip: %v", err)
+	}
+}
