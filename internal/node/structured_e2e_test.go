@@ -3,6 +3,9 @@ package node_test
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -177,4 +180,79 @@ func TestE2EStructuredMatchesEngine(t *testing.T) {
 		}
 		checkStructured(t, grammar.JSONSchema, petSchema, text, finish)
 	}
+}
+
+// TestOpenAINodeClientStructured runs the official openai npm client
+// (internal/gateway/testdata/openai-client/structured.mjs) against the
+// real node: response_format json_schema (strict) and json_object,
+// streamed and not, each finished answer validated by Ajv, an independent
+// JSON Schema validator; a cut one must be a prefix the schema allows;
+// an unsupported keyword is a BadRequestError naming response_format.
+// Like TestOpenAINodeClientRealNode it runs when PAGEWARDEN_NODE_TESTS=1
+// and `npm install` has been run there (test.sh does both).
+func TestOpenAINodeClientStructured(t *testing.T) {
+	if os.Getenv("PAGEWARDEN_NODE_TESTS") != "1" {
+		t.Skip("set PAGEWARDEN_NODE_TESTS=1 (and npm install in internal/gateway/testdata/openai-client) to run")
+	}
+	dir := filepath.Join("..", "gateway", "testdata", "openai-client")
+	for _, pkg := range []string{"openai", "ajv"} {
+		if _, err := os.Stat(filepath.Join(dir, "node_modules", pkg)); err != nil {
+			t.Skipf("run `npm install` in internal/gateway/testdata/openai-client first (%s is missing)", pkg)
+		}
+	}
+	nodeBin, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("node not installed")
+	}
+	s := startE2E(t, e2eConfig{})
+	cmd := exec.Command(nodeBin, "structured.mjs")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "PW_BASE_URL="+s.url+"/v1", "PW_API_KEY="+e2eKeyA, "PW_MODEL="+s.node.ModelID())
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("node client: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	var res struct {
+		OK      bool `json:"ok"`
+		Results struct {
+			Schema        string
+			Finished, Cut int
+			Answers       []struct {
+				Format, Content, Finish string
+			}
+			Refused struct {
+				Status      int
+				Param, Code string
+			}
+		} `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil || !res.OK {
+		t.Fatalf("output %s: %v", out, err)
+	}
+	r := res.Results
+	if r.Finished == 0 || r.Finished+r.Cut != 20 || len(r.Answers) != 20 {
+		t.Fatalf("%d finished, %d cut, %d answers; want 20 with some finished", r.Finished, r.Cut, len(r.Answers))
+	}
+	// A cut answer is a prefix its format allows.
+	for _, a := range r.Answers {
+		if a.Finish != "length" {
+			continue
+		}
+		spec := grammar.Spec{Kind: grammar.JSONObject}
+		if a.Format == "json_schema" {
+			spec = grammar.Spec{Kind: grammar.JSONSchema, Strict: true, Schema: []byte(r.Schema)}
+		}
+		g, err := grammar.Compile(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := g.Start(); !g.Feed(&st, []byte(a.Content)) {
+			t.Errorf("%s answer %q cut by max_tokens is not a prefix the format allows", a.Format, a.Content)
+		}
+	}
+	if r.Refused.Status != 400 || r.Refused.Param != "response_format" || r.Refused.Code != "unsupported_parameter" {
+		t.Errorf("unsupported keyword: %+v", r.Refused)
+	}
+	t.Logf("%d of 20 answers finished and validated with Ajv, %d cut by max_tokens", r.Finished, r.Cut)
 }
