@@ -15,9 +15,10 @@ import (
 )
 
 // errFenced is why a node that lost its etcd registration refuses new
-// work: a shutting-down refusal (503), which a gateway answers by trying
-// another node.
-var errFenced = fmt.Errorf("%w: this node lost its cluster registration and is draining", request.ErrShuttingDown)
+// work. It is an overload refusal (a 503 if it reaches a client) because
+// that is the refusal a gateway answers by trying the next decode node:
+// the request moves to a node the cluster still holds.
+var errFenced = fmt.Errorf("%w: this node lost its cluster registration and is draining", request.ErrOverloaded)
 
 // fence stands between a node's transport and its driver (disagg.Decode
 // or disagg.Prefill). Until it is closed it passes everything through and

@@ -43,7 +43,8 @@ func (l *fakeLink) taken() []sentMsg {
 
 // TestFence: before the loss, work passes and is counted until the
 // message that ends the node's part in it; after it, every Generate and
-// Prefill is refused by the fence (a 503-coded Result, an Abort) and
+// Prefill is refused by the fence (an overload Result, which a gateway
+// answers by trying the next decode node; an Abort) and
 // never reaches the driver, while the messages of the work in flight
 // still do; drain waits for what is held, within its timeout.
 func TestFence(t *testing.T) {
@@ -121,7 +122,7 @@ func TestFence(t *testing.T) {
 		t.Fatalf("refusals sent: %v", sent)
 	}
 	if r, ok := sent[0].m.(*transfer.Result); !ok || sent[0].to != "gw" || r.Owner != owner(5) || r.Epoch != 7 || r.Reason != request.FinishError ||
-		!errors.Is(r.Code.Err(), request.ErrShuttingDown) || r.Usage.PromptTokens != 3 {
+		!errors.Is(r.Code.Err(), request.ErrOverloaded) || r.Usage.PromptTokens != 3 {
 		t.Errorf("refused Generate answered %+v to %s", sent[0].m, sent[0].to)
 	}
 	if a, ok := sent[1].m.(*transfer.Abort); !ok || sent[1].to != "gw" || a.Ref != (transfer.Ref{ID: transfer.ReservationID{Seq: 9}, Owner: owner(6), Epoch: 7}) || a.Reason != transfer.ReasonPrefillFailed {
