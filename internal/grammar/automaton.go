@@ -195,6 +195,26 @@ func (g *Grammar) stepFrame(s *State, b byte) int {
 		return stepString(s, f, b)
 	case kNumber, kInteger:
 		return stepNumber(f, b, n.kind == kInteger)
+	case kCall:
+		// The prefix naming the function; at its end the frame becomes
+		// the closing brace, with the function's arguments above it.
+		if f.phase == pStart {
+			f.phase, f.i = pLit, 0
+		}
+		nx, ok := n.lits[f.i].next[b]
+		if !ok {
+			return rNo
+		}
+		f.i = nx
+		if l := &n.lits[nx]; l.end {
+			if s.n >= len(s.f) {
+				return rNo
+			}
+			*f = frame{node: uint16(g.closeBrace)}
+			s.f[s.n] = frame{node: uint16(n.branches[l.branch])}
+			s.n++
+		}
+		return rTaken
 	case kLiterals:
 		if f.phase == pStart {
 			f.phase, f.i = pLit, 0

@@ -452,3 +452,105 @@ func FuzzAutomaton(f *testing.F) {
 		}
 	})
 }
+
+var testTools = []Tool{
+	{Name: "get_weather", Parameters: []byte(`{"type":"object","properties":{"city":{"type":"string"},"unit":{"enum":["c","f"]}},"required":["city","unit"],"additionalProperties":false}`), Strict: true},
+	{Name: "add", Parameters: []byte(`{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}},"required":["a","b"]}`)},
+	{Name: "ping"},
+}
+
+// TestToolCall: a call names one of the functions and its arguments are
+// what that function's parameters accept; unknown names, another
+// function's arguments and unsupported parameter keywords are refused.
+func TestToolCall(t *testing.T) {
+	g, err := Compile(ToolCallSpec(testTools))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ok := range []string{
+		`{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}`,
+		`{"name": "add", "arguments": {"a": 1, "b": -2}}`,
+		`{"name": "ping", "arguments": {"x": [1]}}`,
+	} {
+		if p, c := accepts(g, ok); !p || !c {
+			t.Errorf("%s: prefix %v complete %v", ok, p, c)
+		}
+	}
+	for _, bad := range []string{`{"name": "sub"`, `{"name":"add"`, `{"name": "add", "arguments": {"city"`, `{"name": "add", "arguments": {"a": 1, "b": 2} }`,
+		`{"name": "get_weather", "arguments": {"city": "x", "unit": "k"`, `[`} {
+		if p, _ := accepts(g, bad); p {
+			t.Errorf("%q accepted as a prefix", bad)
+		}
+	}
+	if p, c := accepts(g, `{"name": "add", "arguments": {"a": 1`); !p || c {
+		t.Errorf("a call cut short: prefix %v complete %v", p, c)
+	}
+	for _, tc := range []struct {
+		tools   []Tool
+		keyword string
+	}{
+		{[]Tool{{Name: "f", Parameters: []byte(`{"type":"object","properties":{"a":{"type":"string","format":"email"}}}`)}}, "format"},
+		{[]Tool{{Name: "f"}, {Name: "f"}}, "name"},
+		{[]Tool{{Name: ""}}, "name"},
+		{nil, "tools"},
+		{[]Tool{{Name: "f", Parameters: []byte(`{"type":"object","properties":{"a":{"type":"string"}}}`), Strict: true}}, "additionalProperties"},
+	} {
+		_, err := Compile(ToolCallSpec(tc.tools))
+		var se *SchemaError
+		if !errors.As(err, &se) || se.Keyword != tc.keyword {
+			t.Errorf("%+v: %v, want a SchemaError naming %q", tc.tools, err, tc.keyword)
+		}
+	}
+}
+
+// TestToolCallOutputsValidate: the property for tool calls: any ended
+// output parses, names a function, and its arguments validate against
+// that function's parameters.
+func TestToolCallOutputsValidate(t *testing.T) {
+	v, pieces := testVocab()
+	g, err := Compile(ToolCallSpec(testTools))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := g.Bind(v)
+	schemas := map[string]any{}
+	for _, tool := range testTools {
+		s := any(true)
+		if len(tool.Parameters) > 0 {
+			if s, err = decode(string(tool.Parameters)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		schemas[tool.Name] = s
+	}
+	ended := 0
+	rapid.Check(t, func(t *rapid.T) {
+		out, end := generate(t, b, pieces, 80, true)
+		if !end {
+			return
+		}
+		ended++
+		var call struct {
+			Name      string          `json:"name"`
+			Arguments json.RawMessage `json:"arguments"`
+		}
+		if err := json.Unmarshal([]byte(out), &call); err != nil {
+			t.Fatalf("%q: %v", out, err)
+		}
+		sch, ok := schemas[call.Name]
+		if !ok {
+			t.Fatalf("%q names no function", out)
+		}
+		args, err := decode(string(call.Arguments))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := validate(sch, sch, args); err != nil {
+			t.Fatalf("%q: %v", out, err)
+		}
+	})
+	if ended == 0 {
+		t.Fatal("no walk ended")
+	}
+	t.Logf("%d calls ended and validated", ended)
+}

@@ -18,7 +18,51 @@ const (
 	// JSONSchema is response_format {"type":"json_schema"}: a value the
 	// schema accepts.
 	JSONSchema Kind = 2
+	// ToolCall is one call of one of several functions, written as
+	// {"name": "NAME", "arguments": ARGS} with ARGS what that function's
+	// parameters schema accepts. Its Schema is a JSON array of
+	// {"name", "parameters", "strict"} objects (ToolCallSpec builds it).
+	ToolCall Kind = 3
 )
+
+// MaxTools bounds the functions of a ToolCall spec.
+const MaxTools = 128
+
+// Tool is one function a ToolCall spec may call.
+type Tool struct {
+	Name       string
+	Parameters []byte // a JSON Schema; empty means any object
+	Strict     bool
+}
+
+// ToolCallSpec is the spec of a call of one of tools.
+func ToolCallSpec(tools []Tool) Spec {
+	var b bytes.Buffer
+	b.WriteByte('[')
+	for i, t := range tools {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(`{"name":`)
+		b.Write(quote(t.Name))
+		if len(t.Parameters) > 0 {
+			b.WriteString(`,"parameters":`)
+			b.Write(t.Parameters)
+		}
+		if t.Strict {
+			b.WriteString(`,"strict":true`)
+		}
+		b.WriteByte('}')
+	}
+	b.WriteByte(']')
+	return Spec{Kind: ToolCall, Schema: b.Bytes()}
+}
+
+// ToolCallPrefix is what a ToolCall output writes before the arguments of
+// a call of name: the rest is the arguments and a closing brace.
+func ToolCallPrefix(name string) string {
+	return `{"name": ` + string(quote(name)) + `, "arguments": `
+}
 
 // Bounds on what a schema may ask for. They keep compilation, the wire
 // form (package transfer carries Spec.Schema) and the automaton small.
@@ -227,6 +271,7 @@ const (
 	kLiterals            // one of a set of byte strings (enum, const, true/false/null)
 	kAnyOf               // one of branches, decided by the first byte
 	kAny                 // any JSON value (json_object's members)
+	kCall                // a tool call: a literal prefix naming the function, its arguments, "}"
 )
 
 type node struct {
@@ -248,8 +293,9 @@ type prop struct {
 
 // litNode is one node of a literal set's byte trie.
 type litNode struct {
-	next map[byte]uint16
-	end  bool
+	next   map[byte]uint16
+	end    bool
+	branch int16 // kCall: the index in branches of the prefix ending here
 }
 
 // Grammar is a compiled Spec: an immutable automaton, safe for concurrent
@@ -260,6 +306,7 @@ type Grammar struct {
 	root  int
 	// Shared nodes of json_object's generic values.
 	anyNode, anyObj, anyArr, anyStr, anyNum, anyLit int
+	closeBrace                                      int // the literal "}" after a call's arguments
 }
 
 // Spec returns the spec g was compiled from.
@@ -300,7 +347,7 @@ func Compile(spec Spec) (*Grammar, error) {
 		}
 		g.root = g.anyObj
 		return g, nil
-	case JSONSchema:
+	case JSONSchema, ToolCall:
 	default:
 		return nil, fmt.Errorf("grammar: unknown kind %d", spec.Kind)
 	}
@@ -312,6 +359,14 @@ func Compile(spec Spec) (*Grammar, error) {
 		return nil, fmt.Errorf("grammar: the schema is not valid JSON: %w", err)
 	}
 	c := &compiler{g: g, doc: doc, strict: spec.Strict, active: map[string]bool{}}
+	if spec.Kind == ToolCall {
+		root, err := c.toolCall(doc)
+		if err != nil {
+			return nil, err
+		}
+		g.root = root
+		return g, nil
+	}
 	root, err := c.compile(doc, "", 0)
 	if err != nil {
 		return nil, err
@@ -333,6 +388,7 @@ func (g *Grammar) generics() {
 	g.anyNode = g.add(node{kind: kAny})
 	g.anyObj = g.add(node{kind: kObject, generic: true})
 	g.anyArr = g.add(node{kind: kArray, items: g.anyNode})
+	g.closeBrace = g.add(literals([][]byte{[]byte("}")}))
 	for i := range g.nodes {
 		g.nodes[i].first = g.firstOf(i)
 	}
@@ -386,6 +442,8 @@ func (g *Grammar) firstOf(i int) [256]bool {
 				f[b] = f[b] || ok
 			}
 		}
+	case kCall:
+		f['{'] = true
 	case kAny:
 		for _, k := range []int{g.anyObj, g.anyArr, g.anyStr, g.anyNum, g.anyLit} {
 			for b, ok := range g.firstOf(k) {
@@ -506,6 +564,61 @@ func (c *compiler) compile(s value, path string, depth int) (int, error) {
 }
 
 func has(s value, key string) bool { _, ok := s.get(key); return ok }
+
+// toolCall compiles a ToolCall spec: each function's parameters (under
+// its own strict flag; the root of each document, for $ref, is the
+// parameters schema), and a trie of the prefixes that name them.
+func (c *compiler) toolCall(doc value) (int, error) {
+	if doc.kind != 'a' || len(doc.arr) == 0 || len(doc.arr) > MaxTools {
+		return 0, refuseAt("", "tools", "a tool call needs 1 to %d functions", MaxTools)
+	}
+	var prefixes [][]byte
+	var args []int
+	seen := map[string]bool{}
+	for i, t := range doc.arr {
+		path := fmt.Sprintf("/%d", i)
+		name, ok := t.get("name")
+		if t.kind != 'o' || !ok || name.kind != 's' || name.str == "" || len(name.str) > 64 {
+			return 0, refuseAt(path, "name", "each function needs a name of 1 to 64 bytes")
+		}
+		if seen[name.str] {
+			return 0, refuseAt(path, "name", "the function name %q appears twice", name.str)
+		}
+		seen[name.str] = true
+		for _, m := range t.obj {
+			if m.key != "name" && m.key != "parameters" && m.key != "strict" {
+				return 0, refuseAt(path, m.key, "unknown field %q in a function", m.key)
+			}
+		}
+		strict, _ := t.get("strict")
+		sub := &compiler{g: c.g, strict: strict.kind == 'b' && strict.b, active: map[string]bool{}}
+		node := c.g.anyObj
+		if p, ok := t.get("parameters"); ok {
+			sub.doc = p
+			var err error
+			if node, err = sub.compile(p, path+"/parameters", 1); err != nil {
+				return 0, err
+			}
+		}
+		prefixes = append(prefixes, []byte(ToolCallPrefix(name.str)))
+		args = append(args, node)
+	}
+	n := literals(prefixes)
+	n.kind = kCall
+	n.branches = args
+	// Each prefix ends with ": " after a quoted name, so no prefix is
+	// another's: every end is a leaf and names one function.
+	for i, p := range prefixes {
+		at := 0
+		for _, b := range p {
+			at = int(n.lits[at].next[b])
+		}
+		n.lits[at].branch = int16(i)
+	}
+	i := c.g.add(n)
+	c.g.nodes[i].first = c.g.firstOf(i)
+	return i, nil
+}
 
 // ref inlines a local reference to a definition.
 func (c *compiler) ref(ref value, path string, depth int) (int, error) {

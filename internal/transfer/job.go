@@ -22,7 +22,8 @@ import (
 //	bias      := token:u32 bias:f32                (tokens strictly increasing)
 //	constraint := kind:u8                          0: none
 //	            | kind:u8 strict:u8 schema:bytes32 1: json_object (no schema),
-//	                                               2: json_schema (≤ grammar.MaxSchemaBytes)
+//	                                               2: json_schema, 3: a tool call
+//	                                               (≤ grammar.MaxSchemaBytes)
 //	str16     := len:u16 bytes                     (≤ MaxSaltLen)
 //	Generate  := Reserve job                       gateway → decode
 //	Prefill   := Grant decode:str job              gateway → prefill
@@ -257,7 +258,7 @@ func (e *encoder) constraint(g *grammar.Grammar) {
 	}
 	sp := g.Spec()
 	switch {
-	case sp.Kind != grammar.JSONObject && sp.Kind != grammar.JSONSchema:
+	case sp.Kind != grammar.JSONObject && sp.Kind != grammar.JSONSchema && sp.Kind != grammar.ToolCall:
 		e.fail("constraint of kind %d", sp.Kind)
 		return
 	case sp.Kind == grammar.JSONObject && (sp.Strict || len(sp.Schema) > 0):

@@ -80,6 +80,8 @@ func requestPlaneMessages() []Message {
 		&Prefill{Grant: Grant{Ref: sampleRef()}, Decode: "d", Job: Job{Prompt: []int{5}, MaxTokens: 1}},
 		&Prefill{Grant: Grant{Ref: sampleRef()}, Decode: "d", Job: Job{Prompt: []int{5}, MaxTokens: 1,
 			Sampling: request.Sampling{Grammar: mustGrammar(grammar.JSONObject, false, "")}}},
+		&Prefill{Grant: Grant{Ref: sampleRef()}, Decode: "d", Job: Job{Prompt: []int{5}, MaxTokens: 1,
+			Sampling: request.Sampling{Grammar: mustGrammar(grammar.ToolCall, false, `[{"name":"f","parameters":{"type":"object"}},{"name":"g"}]`)}}},
 		&Tokens{Ref: sampleRef(), Start: 17, IDs: []int{0, 5, 1<<31 - 1}},
 		&Tokens{Ref: sampleRef(), Start: 0, IDs: nil},
 		&Result{Ref: sampleRef(), Reason: request.FinishStop, Usage: request.Usage{PromptTokens: 4, CompletionTokens: 9, CachedTokens: 2}},
@@ -246,7 +248,8 @@ func TestJobConstraintRefused(t *testing.T) {
 		name, want string
 		b          []byte
 	}{
-		{"unknown kind", "constraint", with(3, 0, "")},
+		{"unknown kind", "constraint", with(4, 0, "")},
+		{"tool call without functions", "constraint", with(3, 0, `[]`)},
 		{"strict 2", "constraint strict", with(2, 2, `{"type":"object"}`)},
 		{"unsupported keyword", "pattern", with(2, 0, `{"type":"string","pattern":"a"}`)},
 		{"not JSON", "constraint", with(2, 0, `{"type":`)},
