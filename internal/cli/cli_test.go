@@ -343,3 +343,17 @@ func TestQueueFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestRunStopFlags: run takes --stop-token-ids and --ignore-eos as the
+// API does (their effect is TestGenerateParamsStops'), and refuses an id
+// that is not a token of the model.
+func TestRunStopFlags(t *testing.T) {
+	base := []string{"run", "--model", "builtin:tiny", "--temperature", "0", "-n", "8", "-t", "1", "--prompt", "Hello"}
+	if r := pw(t, append(base, "--ignore-eos", "--stop-token-ids", "3,7")...); r.code != 0 || summary.FindStringSubmatch(r.stderr) == nil {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+	r := pw(t, append(base, "--stop-token-ids", "-1")...)
+	if r.code != 2 || !strings.Contains(r.stderr, "--stop-token-ids -1: not a token of this model") {
+		t.Fatalf("exit %d, stderr %q; want a usage error naming the id", r.code, r.stderr)
+	}
+}

@@ -70,6 +70,8 @@ func runCmd() *cobra.Command {
 		seed    int64
 		echo    bool
 		special bool
+		stopIDs []int
+		noEOS   bool
 	)
 	c := &cobra.Command{
 		Use:   "run",
@@ -117,13 +119,22 @@ Without --model the built-in model (random weights, byte-level vocabulary) is us
 			} else {
 				s.Seed = request.NewSeed()
 			}
+			for _, id := range stopIDs {
+				if id < 0 || id >= m.Config.Vocab {
+					return usagef("--stop-token-ids %d: not a token of this model (0..%d)", id, m.Config.Vocab-1)
+				}
+			}
+			if len(stopIDs) > request.MaxStopTokens {
+				return usagef("--stop-token-ids: %d tokens, at most %d", len(stopIDs), request.MaxStopTokens)
+			}
 			out := bufio.NewWriter(cmd.OutOrStdout())
 			if echo {
 				out.WriteString(prompt)
 			}
 			dec := newTextStream(tok, ids)
 			owner := request.Owner{Tenant: "local", ID: request.NewID()}
-			st, _, err := eng.Generate(cmd.Context(), owner, ids, n, s, func(t int) error {
+			p := request.Params{Owner: owner, Prompt: ids, MaxTokens: n, Sampling: s, StopTokens: stopIDs, IgnoreEOS: noEOS}
+			st, _, err := eng.GenerateParams(cmd.Context(), p, func(t int) error {
 				out.WriteString(dec.add(t))
 				return out.Flush()
 			})
@@ -148,5 +159,7 @@ Without --model the built-in model (random weights, byte-level vocabulary) is us
 	c.Flags().Int64Var(&seed, "seed", -1, "random seed (-1: a fresh one)")
 	c.Flags().BoolVar(&echo, "echo", false, "print the prompt before the generated text")
 	c.Flags().BoolVar(&special, "special", false, "parse special-token text such as <s> in the prompt")
+	c.Flags().IntSliceVar(&stopIDs, "stop-token-ids", nil, "token ids that end generation, besides the model's end-of-generation tokens (not printed)")
+	c.Flags().BoolVar(&noEOS, "ignore-eos", false, "keep generating past the model's end-of-generation tokens: only -n and --stop-token-ids end it")
 	return c
 }

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/pagewarden/pagewarden/internal/kernels"
@@ -111,10 +112,18 @@ func (e *Engine) step(seq *kvcache.Sequence, tokens []int, mode model.LogitsMode
 
 // Generate feeds prompt and samples up to maxTokens new tokens, calling emit
 // for each. It stops early at an end-of-generation token (which is not
-// emitted) or when stop returns true for a token (which is). The returned
-// reason is FinishStop or FinishLength on success.
+// emitted). The returned reason is FinishStop or FinishLength on success.
 func (e *Engine) Generate(ctx context.Context, owner request.Owner, prompt []int, maxTokens int, cfg request.Sampling,
 	emit func(tok int) error) (Stats, request.FinishReason, error) {
+	return e.GenerateParams(ctx, request.Params{Owner: owner, Prompt: prompt, MaxTokens: maxTokens, Sampling: cfg}, emit)
+}
+
+// GenerateParams is Generate for a whole request: besides the model's
+// end-of-generation tokens, p.StopTokens end it (neither is emitted), and
+// with p.IgnoreEOS the end-of-generation tokens are emitted like any other
+// and only p.StopTokens and p.MaxTokens end it, as in the scheduler.
+func (e *Engine) GenerateParams(ctx context.Context, p request.Params, emit func(tok int) error) (Stats, request.FinishReason, error) {
+	owner, prompt, maxTokens, cfg := p.Owner, p.Prompt, p.MaxTokens, p.Sampling
 	st := Stats{PromptTokens: len(prompt)}
 	if len(prompt) == 0 {
 		return st, request.FinishError, errors.New("engine: empty prompt (a model needs at least one token, e.g. BOS)")
@@ -161,7 +170,7 @@ func (e *Engine) Generate(ctx context.Context, owner request.Owner, prompt []int
 		if err != nil {
 			return st, request.FinishError, err
 		}
-		if tok.IsEOG(next) {
+		if slices.Contains(p.StopTokens, next) || (!p.IgnoreEOS && tok.IsEOG(next)) {
 			st.Decode = time.Since(decodeStart)
 			return st, request.FinishStop, nil
 		}
