@@ -2,9 +2,9 @@
 
 // asmgen writes gemm_amd64.s: the blocked matrix-product micro-kernels,
 // which are too repetitive (one unrolled body per tile width) to keep by
-// hand, and vec_avx2_amd64.s, the AVX2 element-wise kernels (their
-// constants are vectors, not broadcasts, so they too are best written by a
-// loop). Run it with `go generate` in this directory.
+// hand, and vec_avx2_amd64.s, the AVX2 element-wise kernels and Q8_0
+// activation quantiser (their constants are vectors, not broadcasts, so
+// they too are best written by a loop). Run it with `go generate` in this directory.
 //
 // It is a plain text emitter, not an assembler: what it prints is what
 // the Go assembler sees, so the comments in the output describe the
@@ -132,6 +132,7 @@ func main() {
 		"axpyF16AVX2(dst *float32, a float32, x *uint16, n int)",
 		"expSubAVX2(dst, src *float32, n int, c float32)",
 		"siluMulAVX2(dst, gate, up *float32, n int)",
+		"quantQ8_0AVX2(x *float32, nb int, q *int8, step int, d *float32, c *int32, corr int32)",
 	} {
 		fmt.Fprintf(&g, "//go:noescape\nfunc %s\n\n", d)
 	}
@@ -1338,6 +1339,112 @@ func vecAVX2() {
 	p("\tVMULPS Y6, Y4, Y4")
 	p("\tVMASKMOVPS Y4, Y12, (DI)")
 	p("siluy_done:")
+	p("\tVZEROUPPER")
+	p("\tRET")
+	p("")
+	quantQ8AVX2()
+}
+
+// quantQ8AVX2 emits the AVX2 Q8_0 activation quantiser for one row, the
+// contract of quantQ8_0AVX512 (quant_amd64.s).
+func quantQ8AVX2() {
+	p("// func quantQ8_0AVX2(x *float32, nb int, q *int8, step int, d *float32, c *int32, corr int32)")
+	p("//")
+	p("// quantizeQ8_0Packed for one activation row, nb blocks of 32: amax =")
+	p("// max |x|, d = f16(amax/127) (VCVTPS2PH rounds to nearest even), q =")
+	p("// round-half-even(x * (127/amax)) (VCVTPS2DQ), c = corr * sum(q). The")
+	p("// block's eight 4-byte quant groups go step bytes apart; d and c advance")
+	p("// by step bytes per block, the quants by 8*step. A block of zeros gets")
+	p("// d = 0, q = 0, c = 0 without dividing. The quants are packed with")
+	p("// saturating packs (exact: |q| <= 127), whose in-lane order puts group")
+	p("// k4 in dword k4/2 + 4*(k4%2).")
+	p("TEXT ·quantQ8_0AVX2(SB), NOSPLIT, $0-52")
+	p("\tMOVQ x+0(FP), SI")
+	p("\tMOVQ nb+8(FP), CX")
+	p("\tMOVQ q+16(FP), DI")
+	p("\tMOVQ step+24(FP), R12")
+	p("\tMOVQ d+32(FP), R8")
+	p("\tMOVQ c+40(FP), R9")
+	p("\tMOVL corr+48(FP), R10")
+	p("\tLEAQ (R12)(R12*2), R13")
+	p("\tVPCMPEQD Y15, Y15, Y15")
+	p("\tVPSRLD $1, Y15, Y15 // 0x7fffffff: |x|")
+	p("\tMOVL $0x42fe0000, AX // 127.0")
+	p("\tVMOVD AX, X14")
+	p("\tTESTQ CX, CX")
+	p("\tJZ qy_done")
+	p("qy_loop:")
+	for i := 0; i < 4; i++ {
+		p("\tVMOVUPS %d(SI), Y%d", 32*i, i)
+	}
+	p("\tVANDPS Y15, Y0, Y4")
+	p("\tVANDPS Y15, Y1, Y5")
+	p("\tVANDPS Y15, Y2, Y6")
+	p("\tVANDPS Y15, Y3, Y7")
+	p("\tVMAXPS Y5, Y4, Y4")
+	p("\tVMAXPS Y7, Y6, Y6")
+	p("\tVMAXPS Y6, Y4, Y4")
+	p("\tVEXTRACTF128 $1, Y4, X5")
+	p("\tVMAXPS X5, X4, X4")
+	p("\tVPERMILPS $0x4e, X4, X5")
+	p("\tVMAXPS X5, X4, X4")
+	p("\tVPERMILPS $0xb1, X4, X5")
+	p("\tVMAXSS X5, X4, X4")
+	p("\tVXORPS X5, X5, X5")
+	p("\tVUCOMISS X5, X4")
+	p("\tJEQ qy_zero")
+	p("\tVDIVSS X14, X4, X5 // amax/127")
+	p("\tVCVTPS2PH $0, X5, X5")
+	p("\tVCVTPH2PS X5, X5")
+	p("\tVMOVSS X5, (R8)")
+	p("\tVDIVSS X4, X14, X5 // id = 127/amax")
+	p("\tVBROADCASTSS X5, Y5")
+	for i := 0; i < 4; i++ {
+		p("\tVMULPS Y5, Y%d, Y%d", i, i)
+		p("\tVCVTPS2DQ Y%d, Y%d", i, i)
+	}
+	p("\tVPADDD Y1, Y0, Y6")
+	p("\tVPADDD Y3, Y2, Y7")
+	p("\tVPADDD Y7, Y6, Y6")
+	p("\tVEXTRACTI128 $1, Y6, X7")
+	p("\tVPADDD X7, X6, X6")
+	p("\tVPSHUFD $0x4e, X6, X7")
+	p("\tVPADDD X7, X6, X6")
+	p("\tVPSHUFD $0xb1, X6, X7")
+	p("\tVPADDD X7, X6, X6")
+	p("\tVMOVD X6, AX")
+	p("\tIMULL R10, AX")
+	p("\tMOVL AX, (R9)")
+	p("\tVPACKSSDW Y1, Y0, Y0")
+	p("\tVPACKSSDW Y3, Y2, Y2")
+	p("\tVPACKSSWB Y2, Y0, Y0")
+	p("\tVEXTRACTI128 $1, Y0, X1")
+	p("\tLEAQ (DI)(R12*4), DX")
+	// Low lane: groups 0, 2, 4, 6; high lane: 1, 3, 5, 7.
+	p("\tVMOVD X0, (DI)")
+	p("\tVPEXTRD $1, X0, (DI)(R12*2)")
+	p("\tVPEXTRD $2, X0, (DX)")
+	p("\tVPEXTRD $3, X0, (DX)(R12*2)")
+	p("\tVMOVD X1, (DI)(R12*1)")
+	p("\tVPEXTRD $1, X1, (DI)(R13*1)")
+	p("\tVPEXTRD $2, X1, (DX)(R12*1)")
+	p("\tVPEXTRD $3, X1, (DX)(R13*1)")
+	p("\tJMP qy_next")
+	p("qy_zero:")
+	p("\tMOVL $0, (R8)")
+	p("\tMOVL $0, (R9)")
+	p("\tLEAQ (DI)(R12*4), DX")
+	for _, a := range []string{"(DI)", "(DI)(R12*1)", "(DI)(R12*2)", "(DI)(R13*1)", "(DX)", "(DX)(R12*1)", "(DX)(R12*2)", "(DX)(R13*1)"} {
+		p("\tMOVL $0, %s", a)
+	}
+	p("qy_next:")
+	p("\tADDQ $128, SI")
+	p("\tLEAQ (DI)(R12*8), DI")
+	p("\tADDQ R12, R8")
+	p("\tADDQ R12, R9")
+	p("\tDECQ CX")
+	p("\tJNZ qy_loop")
+	p("qy_done:")
 	p("\tVZEROUPPER")
 	p("\tRET")
 	p("")

@@ -90,6 +90,7 @@ func init() {
 		axpyF16Variants = append(axpyF16Variants, variant[func([]float32, float32, []uint16)]{"avx2", axpyF16AVX2Go})
 		siluMulVariants = append(siluMulVariants, variant[func(dst, gate, up []float32)]{"avx2", siluMulAVX2Go})
 		softmaxVariants = append(softmaxVariants, variant[func(x []float32)]{"avx2", softmaxAVX2})
+		quantQ8Variants = append(quantQ8Variants, variant[quantQ8Fn]{"avx2", quantizeQ8_0PackedAVX2})
 	}
 	if hasAVX512 {
 		dotVariants = append(dotVariants, variant[func(a, b []float32) float32]{"avx512", dotAVX512})
@@ -362,6 +363,19 @@ func quantizeQ8_0PackedAVX512(x []float32, width, i int, corr int32, xq []int8, 
 	}
 	xq, xd, xc = xq[:nb*qk8*width], xd[:nb*width], xc[:nb*width]
 	quantQ8_0AVX512(&x[0], nb, &xq[4*i], 4*width, &xd[i], &xc[i], corr)
+}
+
+// quantizeQ8_0PackedAVX2 is quantizeQ8_0Packed in AVX2 assembly.
+func quantizeQ8_0PackedAVX2(x []float32, width, i int, corr int32, xq []int8, xd []float32, xc []int32) {
+	nb := len(x) / qk8
+	if nb == 0 {
+		return
+	}
+	if i < 0 || i >= width {
+		panic("kernels: quantizeQ8_0Packed: row outside its group")
+	}
+	xq, xd, xc = xq[:nb*qk8*width], xd[:nb*width], xc[:nb*width]
+	quantQ8_0AVX2(&x[0], nb, &xq[4*i], 4*width, &xd[i], &xc[i], corr)
 }
 
 // kTileVNNI runs the AVX-512 VNNI K-quant tile kernel for the group width.

@@ -384,3 +384,112 @@ siluy_done:
 	VZEROUPPER
 	RET
 
+// func quantQ8_0AVX2(x *float32, nb int, q *int8, step int, d *float32, c *int32, corr int32)
+//
+// quantizeQ8_0Packed for one activation row, nb blocks of 32: amax =
+// max |x|, d = f16(amax/127) (VCVTPS2PH rounds to nearest even), q =
+// round-half-even(x * (127/amax)) (VCVTPS2DQ), c = corr * sum(q). The
+// block's eight 4-byte quant groups go step bytes apart; d and c advance
+// by step bytes per block, the quants by 8*step. A block of zeros gets
+// d = 0, q = 0, c = 0 without dividing. The quants are packed with
+// saturating packs (exact: |q| <= 127), whose in-lane order puts group
+// k4 in dword k4/2 + 4*(k4%!)(MISSING).
+TEXT ·quantQ8_0AVX2(SB), NOSPLIT, $0-52
+	MOVQ x+0(FP), SI
+	MOVQ nb+8(FP), CX
+	MOVQ q+16(FP), DI
+	MOVQ step+24(FP), R12
+	MOVQ d+32(FP), R8
+	MOVQ c+40(FP), R9
+	MOVL corr+48(FP), R10
+	LEAQ (R12)(R12*2), R13
+	VPCMPEQD Y15, Y15, Y15
+	VPSRLD $1, Y15, Y15 // 0x7fffffff: |x|
+	MOVL $0x42fe0000, AX // 127.0
+	VMOVD AX, X14
+	TESTQ CX, CX
+	JZ qy_done
+qy_loop:
+	VMOVUPS 0(SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 64(SI), Y2
+	VMOVUPS 96(SI), Y3
+	VANDPS Y15, Y0, Y4
+	VANDPS Y15, Y1, Y5
+	VANDPS Y15, Y2, Y6
+	VANDPS Y15, Y3, Y7
+	VMAXPS Y5, Y4, Y4
+	VMAXPS Y7, Y6, Y6
+	VMAXPS Y6, Y4, Y4
+	VEXTRACTF128 $1, Y4, X5
+	VMAXPS X5, X4, X4
+	VPERMILPS $0x4e, X4, X5
+	VMAXPS X5, X4, X4
+	VPERMILPS $0xb1, X4, X5
+	VMAXSS X5, X4, X4
+	VXORPS X5, X5, X5
+	VUCOMISS X5, X4
+	JEQ qy_zero
+	VDIVSS X14, X4, X5 // amax/127
+	VCVTPS2PH $0, X5, X5
+	VCVTPH2PS X5, X5
+	VMOVSS X5, (R8)
+	VDIVSS X4, X14, X5 // id = 127/amax
+	VBROADCASTSS X5, Y5
+	VMULPS Y5, Y0, Y0
+	VCVTPS2DQ Y0, Y0
+	VMULPS Y5, Y1, Y1
+	VCVTPS2DQ Y1, Y1
+	VMULPS Y5, Y2, Y2
+	VCVTPS2DQ Y2, Y2
+	VMULPS Y5, Y3, Y3
+	VCVTPS2DQ Y3, Y3
+	VPADDD Y1, Y0, Y6
+	VPADDD Y3, Y2, Y7
+	VPADDD Y7, Y6, Y6
+	VEXTRACTI128 $1, Y6, X7
+	VPADDD X7, X6, X6
+	VPSHUFD $0x4e, X6, X7
+	VPADDD X7, X6, X6
+	VPSHUFD $0xb1, X6, X7
+	VPADDD X7, X6, X6
+	VMOVD X6, AX
+	IMULL R10, AX
+	MOVL AX, (R9)
+	VPACKSSDW Y1, Y0, Y0
+	VPACKSSDW Y3, Y2, Y2
+	VPACKSSWB Y2, Y0, Y0
+	VEXTRACTI128 $1, Y0, X1
+	LEAQ (DI)(R12*4), DX
+	VMOVD X0, (DI)
+	VPEXTRD $1, X0, (DI)(R12*2)
+	VPEXTRD $2, X0, (DX)
+	VPEXTRD $3, X0, (DX)(R12*2)
+	VMOVD X1, (DI)(R12*1)
+	VPEXTRD $1, X1, (DI)(R13*1)
+	VPEXTRD $2, X1, (DX)(R12*1)
+	VPEXTRD $3, X1, (DX)(R13*1)
+	JMP qy_next
+qy_zero:
+	MOVL $0, (R8)
+	MOVL $0, (R9)
+	LEAQ (DI)(R12*4), DX
+	MOVL $0, (DI)
+	MOVL $0, (DI)(R12*1)
+	MOVL $0, (DI)(R12*2)
+	MOVL $0, (DI)(R13*1)
+	MOVL $0, (DX)
+	MOVL $0, (DX)(R12*1)
+	MOVL $0, (DX)(R12*2)
+	MOVL $0, (DX)(R13*1)
+qy_next:
+	ADDQ $128, SI
+	LEAQ (DI)(R12*8), DI
+	ADDQ R12, R8
+	ADDQ R12, R9
+	DECQ CX
+	JNZ qy_loop
+qy_done:
+	VZEROUPPER
+	RET
+

@@ -11,7 +11,9 @@ import (
 // Inf, subnormals, exp's whole range; fp16 patterns for axpy-F16) at every
 // length and tail, and write nothing outside dst. Tolerances are the
 // differential tests': one fused rounding for axpy, 6 ulps for SiLU, 3 for
-// softmax; two NaNs are equal.
+// softmax; two NaNs are equal. The Q8_0 activation quantisers must match
+// exactly on every finite row (activations are never NaN or Inf; what a
+// quantiser makes of those is left open).
 func FuzzVecKernels(f *testing.F) {
 	f.Add([]byte("\x00\x00\x80\x3f\x00\x00\x00\xc0\xff\xff\xff\x7f\x00\x00\x80\x7f some more bytes to fill a vector or two"), uint32(0x3f800000))
 	f.Add(make([]byte, 4*37), uint32(0xbf000000))
@@ -73,6 +75,32 @@ func FuzzVecKernels(f *testing.F) {
 			for i := range want {
 				if !sameBits(got[i], want[i]) && ulpsApart(got[i], want[i]) > 6 && math.Abs(float64(got[i]-want[i])) > 1e-36 {
 					t.Fatalf("%s: silu(%g)*%g = %g, reference %g", v.name, raw[i], x[i], got[i], want[i])
+				}
+			}
+		}
+		if nb := n / qk8; nb > 0 {
+			act := make([]float32, nb*qk8)
+			for i := range act {
+				if v := raw[i]; !math.IsNaN(float64(v)) && !math.IsInf(float64(v), 0) {
+					act[i] = v
+				}
+			}
+			width := 1 + int(abits%8)
+			row := int(abits>>3) % width
+			wq, wd, wc := make([]int8, nb*qk8*width), make([]float32, nb*width), make([]int32, nb*width)
+			quantizeQ8_0Packed(act, width, row, -128, wq, wd, wc)
+			for _, v := range quantQ8Variants[1:] {
+				gq, gd, gc := make([]int8, nb*qk8*width), make([]float32, nb*width), make([]int32, nb*width)
+				v.fn(act, width, row, -128, gq, gd, gc)
+				for i := range wq {
+					if gq[i] != wq[i] {
+						t.Fatalf("%s: quant %d = %d, reference %d", v.name, i, gq[i], wq[i])
+					}
+				}
+				for b := range wd {
+					if !sameBits(gd[b], wd[b]) || gc[b] != wc[b] {
+						t.Fatalf("%s: block %d: d %g c %d, reference d %g c %d", v.name, b, gd[b], gc[b], wd[b], wc[b])
+					}
 				}
 			}
 		}
