@@ -23,7 +23,8 @@ import (
 // still routes to the node after the node's session is gone: the
 // stale-view case the fence exists for. Every answer is either a 200 with
 // the text the cluster gave before the cut, or an error with an OpenAI
-// body; the requests sent after the loss are all refused.
+// body; the requests sent after the loss are all refused; and the node
+// stopped taking work before etcd expired its lease (fencing).
 func TestLostSessionDrains(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts three processes")
@@ -108,4 +109,26 @@ func TestLostSessionDrains(t *testing.T) {
 		t.Errorf("d0 refused %d requests while draining, want at least the 3 sent", refused)
 	}
 	t.Logf("d0 drained in %s ms, refusing %s new requests", m[1], m[2])
+
+	// Fencing: d0 refused new work (stale: etcd had not confirmed its
+	// lease for two thirds of the TTL) before etcd expired the lease,
+	// which p0, watching, saw as d0 leaving.
+	logTime := func(p *proc, re string) time.Time {
+		t.Helper()
+		m := regexp.MustCompile(`"time":"([^"]+)"[^\n]*` + re).FindStringSubmatch(p.out.String())
+		if m == nil {
+			t.Fatalf("%s never logged %s:\n%s", p.name, re, p.out.String())
+		}
+		at, err := time.Parse(time.RFC3339Nano, m[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return at
+	}
+	fenced := logTime(d0, `"msg":"etcd has not confirmed this node's registration`)
+	left := logTime(p0, `"msg":"cluster member left"[^\n]*"member":"decode/d0"`)
+	if !fenced.Before(left) {
+		t.Errorf("d0 refused new work at %v, after etcd expired its lease (p0 saw it leave at %v)", fenced, left)
+	}
+	t.Logf("d0 fenced itself %v before etcd expired its lease", left.Sub(fenced))
 }

@@ -281,8 +281,12 @@ func (f *etcdFlags) joinCluster(cmd *cobra.Command, lf *linkFlags, role transfer
 // the node left the cluster, so that no new work is sent to it while it
 // stops) or after its registration is lost.
 //
-// A lost registration drains the node rather than stopping it dead: the
-// fence (fenced) refuses new work at once — the cluster holds the node
+// While etcd has not confirmed the registration for two thirds of its TTL
+// (cluster.Session.Stale) the fence refuses new work, so that the node
+// takes none it might not finish before its lease — for all the cluster
+// knows — expires; once confirmed again it takes work again (the lease
+// never lapsed). A lost registration drains the node rather than stopping
+// it dead: the fence (fenced) refuses new work at once — the cluster holds the node
 // gone, and a gateway that has not seen it go yet must not get new work
 // started here — while the work it holds goes on until it ends (the
 // gateway, having failed those requests when the lease expired, aborts
@@ -305,24 +309,47 @@ func (ms *membership) untilLost(parent context.Context, work func(ctx context.Co
 	defer dcancel()
 	drained := make(chan error, 1)
 	go func() {
-		select {
-		case <-parent.Done():
-			_ = ms.session.Close()
-			stop()
-		case <-ms.session.Done():
-			lost := fmt.Errorf("%w; stopped taking work", ms.session.Err())
-			if f := ms.fence.Load(); f != nil {
-				start := time.Now()
-				f.close()
-				ms.log.Warn("etcd registration lost: refusing new work, draining what this node holds", "holding", f.holding(), "drain_timeout", ms.drain)
-				held := f.drain(dctx, ms.drain)
-				took := time.Since(start)
-				ms.log.Warn("drain ended", "still_holding", held, "took_ms", took.Milliseconds(), "refused", f.refused.Load())
-				lost = errDrained(ms.session.Err(), held, took)
+		// Before the loss: a registration etcd has not confirmed for a
+		// while may be about to expire (Session.Stale), so new work is
+		// refused until it is confirmed again.
+		tick := time.NewTicker(max(ms.client.Config().TTL/20, 20*time.Millisecond))
+		defer tick.Stop()
+		stale := false
+		for {
+			select {
+			case <-parent.Done():
+				_ = ms.session.Close()
+				stop()
+				return
+			case <-ms.session.Done():
+				lost := fmt.Errorf("%w; stopped taking work", ms.session.Err())
+				if f := ms.fence.Load(); f != nil {
+					start := time.Now()
+					f.close()
+					ms.log.Warn("etcd registration lost: refusing new work, draining what this node holds", "holding", f.holding(), "drain_timeout", ms.drain)
+					held := f.drain(dctx, ms.drain)
+					took := time.Since(start)
+					ms.log.Warn("drain ended", "still_holding", held, "took_ms", took.Milliseconds(), "refused", f.refused.Load())
+					lost = errDrained(ms.session.Err(), held, took)
+				}
+				drained <- lost
+				stop()
+				return
+			case <-ctx.Done():
+				return
+			case now := <-tick.C:
+				f := ms.fence.Load()
+				if f == nil || ms.session.Stale(now) == stale {
+					continue
+				}
+				stale = !stale
+				f.closed.Store(stale)
+				if stale {
+					ms.log.Warn("etcd has not confirmed this node's registration for two thirds of its TTL: refusing new work", "last_confirmed", ms.session.Renewed())
+				} else {
+					ms.log.Info("etcd confirmed this node's registration again: taking work")
+				}
 			}
-			drained <- lost
-			stop()
-		case <-ctx.Done():
 		}
 	}()
 	err := work(ctx)

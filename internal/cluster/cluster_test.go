@@ -218,8 +218,31 @@ func TestSessionLost(t *testing.T) {
 		proxy := srv.NewProxy(t)
 		s := register(t, dial(t, proxy.Endpoint, time.Second), node("d1", transfer.RoleDecode))
 		await(t, views, 5*time.Second, "d1", func(v View) bool { return has(v, "decode/d1") })
+		// Renewed: etcd confirms the lease every TTL/3; fresh, not stale.
+		first := s.Renewed()
+		time.Sleep(700 * time.Millisecond)
+		if !s.Renewed().After(first) || s.Stale(time.Now()) {
+			t.Errorf("connected: renewed %v then %v, stale %v", first, s.Renewed(), s.Stale(time.Now()))
+		}
 		start := time.Now()
 		proxy.Cut()
+		// Stale comes first: two thirds of a TTL after the last renewal,
+		// before the keep-alive gives up (which can be after etcd expired
+		// the lease).
+		var staleAt time.Time
+		for staleAt.IsZero() {
+			select {
+			case <-s.Done():
+				t.Fatalf("session lost %v after the partition before it was stale", time.Since(start))
+			case <-time.After(5 * time.Millisecond):
+			}
+			if now := time.Now(); s.Stale(now) {
+				staleAt = now
+			}
+		}
+		if d := staleAt.Sub(s.Renewed()); d > time.Second {
+			t.Errorf("stale %v after the last renewal, a whole TTL (1s): etcd may have expired the lease by then", d)
+		}
 		select {
 		case <-s.Done():
 		case <-time.After(10 * time.Second):
@@ -228,7 +251,7 @@ func TestSessionLost(t *testing.T) {
 		if !errors.Is(s.Err(), ErrSessionLost) {
 			t.Errorf("Err %v", s.Err())
 		}
-		t.Logf("session lost %v after the partition: %v", time.Since(start), s.Err())
+		t.Logf("stale %v and lost %v after the partition: %v", staleAt.Sub(start), time.Since(start), s.Err())
 		await(t, views, 5*time.Second, "d1 gone", func(v View) bool { return len(v.Members) == 0 })
 	})
 	t.Run("revoked", func(t *testing.T) {

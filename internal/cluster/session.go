@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -25,6 +26,10 @@ type Session struct {
 	once   sync.Once
 	closed chan struct{} // Close began
 	closer sync.Once
+	// renewed is when etcd last confirmed the lease (unix nanoseconds):
+	// the keep-alive's last answer, or, before the first, when the lease
+	// was asked for.
+	renewed atomic.Int64
 }
 
 // registerAttempts bounds how often Register retries when the member set
@@ -51,6 +56,7 @@ func (c *Client) Register(ctx context.Context, m Member) (*Session, error) {
 	}
 	rctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
 	defer cancel()
+	asked := time.Now() // etcd grants the lease after this: it lives at least TTL from here
 	lease, err := c.etcd.Grant(rctx, int64(c.cfg.TTL/time.Second))
 	if err != nil {
 		return nil, fmt.Errorf("%w: lease: %v", ErrUnavailable, err)
@@ -108,7 +114,7 @@ func (c *Client) Register(ctx context.Context, m Member) (*Session, error) {
 		if resp.Succeeded {
 			registered = true
 			m.Lease, m.Revision = int64(lease.ID), resp.Header.Revision
-			return c.keepAlive(key, m)
+			return c.keepAlive(key, m, asked)
 		}
 		for _, r := range resp.Responses {
 			if kvs := r.GetResponseRange().GetKvs(); len(kvs) > 0 {
@@ -130,7 +136,7 @@ func taken(m, o Member, ttl time.Duration) error {
 }
 
 // keepAlive starts the session of a registered node.
-func (c *Client) keepAlive(key string, m Member) (*Session, error) {
+func (c *Client) keepAlive(key string, m Member, asked time.Time) (*Session, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ka, err := c.etcd.KeepAlive(ctx, clientv3.LeaseID(m.Lease))
 	if err != nil {
@@ -138,6 +144,7 @@ func (c *Client) keepAlive(key string, m Member) (*Session, error) {
 		return nil, fmt.Errorf("%w: keep-alive: %v", ErrUnavailable, err)
 	}
 	s := &Session{c: c, key: key, member: m, cancel: cancel, done: make(chan struct{}), closed: make(chan struct{})}
+	s.renewed.Store(asked.UnixNano())
 	// The key is watched too: deleted by hand, or taken over after a
 	// deletion, it no longer lists this node.
 	wch := c.etcd.Watch(ctx, key, clientv3.WithRev(m.Revision+1))
@@ -148,7 +155,10 @@ func (c *Client) keepAlive(key string, m Member) (*Session, error) {
 func (s *Session) run(ctx context.Context, ka <-chan *clientv3.LeaseKeepAliveResponse, wch clientv3.WatchChan) {
 	for {
 		select {
-		case _, ok := <-ka:
+		case resp, ok := <-ka:
+			if ok && resp != nil && resp.TTL > 0 {
+				s.renewed.Store(time.Now().UnixNano())
+			}
 			if !ok {
 				s.lose(fmt.Errorf("%w: %v: the lease's keep-alive ended (the lease expired or was revoked, or etcd did not answer for %v)", ErrSessionLost, s.member, s.c.cfg.TTL))
 				return
@@ -193,6 +203,20 @@ func (s *Session) lose(err error) {
 		close(s.done)
 	})
 }
+
+// Renewed is when etcd last confirmed the session's lease. etcd renewed
+// it no earlier than the request for that confirmation left, so the lease
+// lives until at least Renewed + TTL − the round trip.
+func (s *Session) Renewed() time.Time { return time.Unix(0, s.renewed.Load()) }
+
+// Stale reports whether etcd has not confirmed the lease for two thirds
+// of its TTL. The keep-alive renews every TTL/3, so that is one renewal
+// missed by more than a round trip; and the lease, renewed no earlier
+// than Renewed − the round trip, still lives for TTL/3 less that round
+// trip. A stale node stops taking new work then — before etcd, and every
+// node watching it, can hold it gone — rather than when its own
+// keep-alive gives up, which can be after the expiry (fencing).
+func (s *Session) Stale(now time.Time) bool { return now.Sub(s.Renewed()) > 2*s.c.cfg.TTL/3 }
 
 // Member is the node as registered, with its lease and revision.
 func (s *Session) Member() Member { return s.member }
