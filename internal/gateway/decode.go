@@ -112,9 +112,11 @@ type chatRequest struct {
 }
 
 type chatMessage struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
-	Name    *string         `json:"name"`
+	Role       string          `json:"role"`
+	Content    json.RawMessage `json:"content"`
+	Name       *string         `json:"name"`
+	ToolCalls  json.RawMessage `json:"tool_calls"`
+	ToolCallID *string         `json:"tool_call_id"`
 }
 
 type completionRequest struct {
@@ -143,12 +145,23 @@ type genParams struct {
 	// constraint is the request field the output constraint
 	// (sampling.Grammar) came from, "" when there is none.
 	constraint string
+	// tools is the chat template's tools variable (nil: none given);
+	// toolCall says the output is a grammar.ToolCall, answered as
+	// tool_calls.
+	tools    []any
+	toolCall bool
 }
 
 // message is a validated chat message.
 type message struct {
 	Role    string
 	Content string
+	// Tool use: an assistant's calls (template values; content may then
+	// be null), a tool result's call id and function name.
+	ContentNull bool
+	ToolCalls   []any
+	ToolCallID  string
+	Name        string
 }
 
 // promptInput is a validated completions prompt: text or token ids.
@@ -434,6 +447,9 @@ func parseChat(body []byte) (genParams, []message, bool, *apiError) {
 		}
 		g.sampling.Grammar, g.constraint = gr, "response_format"
 	}
+	if e := parseTools(req.Tools, req.ToolChoice, req.ParallelToolCalls, &g); e != nil {
+		return g, nil, false, e
+	}
 	if len(req.Messages) == 0 {
 		return g, nil, false, badRequest("messages", "'messages' must be a non-empty array.")
 	}
@@ -444,19 +460,40 @@ func parseChat(body []byte) (genParams, []message, bool, *apiError) {
 	for i, m := range req.Messages {
 		param := fmt.Sprintf("messages[%d]", i)
 		switch m.Role {
-		case "system", "user", "assistant":
+		case "system", "user", "assistant", "tool":
 		case "developer":
 			m.Role = "system" // OpenAI's newer name for the system role
 		case "":
 			return g, nil, false, badRequest(param+".role", "'%s.role' is required.", param)
 		default:
-			return g, nil, false, badRequest(param+".role", "Unsupported role in '%s.role': use system, developer, user or assistant.", param)
+			return g, nil, false, badRequest(param+".role", "Unsupported role in '%s.role': use system, developer, user, assistant or tool.", param)
+		}
+		msg := message{Role: m.Role}
+		if m.Role == "assistant" && !isNull(m.ToolCalls) {
+			calls, e := parseToolCalls(m.ToolCalls, param+".tool_calls")
+			if e != nil {
+				return g, nil, false, e
+			}
+			msg.ToolCalls = calls
+			msg.ContentNull = isNull(m.Content)
+		} else if !isNull(m.ToolCalls) {
+			return g, nil, false, badRequest(param+".tool_calls", "Only assistant messages carry 'tool_calls'.")
+		}
+		if m.Role == "tool" {
+			if m.ToolCallID == nil || *m.ToolCallID == "" || len(*m.ToolCallID) > maxToolCallID {
+				return g, nil, false, badRequest(param+".tool_call_id", "'%s.tool_call_id' is required for a tool message (at most %d bytes).", param, maxToolCallID)
+			}
+			msg.ToolCallID = *m.ToolCallID
+		}
+		if m.Name != nil && len(*m.Name) <= maxUserBytes {
+			msg.Name = *m.Name
 		}
 		text, e := parseContent(m.Content, param+".content", m.Role == "assistant")
 		if e != nil {
 			return g, nil, false, e
 		}
-		msgs[i] = message{Role: m.Role, Content: text}
+		msg.Content = text
+		msgs[i] = msg
 	}
 	addGen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
 	return g, msgs, addGen, nil

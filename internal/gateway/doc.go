@@ -40,16 +40,20 @@
 //	                           finish "stop", the token's text not shown),
 //	                           cache_salt, guided_json (a JSON Schema, as
 //	                           an object or a string)
-//	honoured, chat             messages, add_generation_prompt,
-//	                           response_format (text, json_object,
-//	                           json_schema with strict)
+//	honoured, chat             messages (roles system, developer, user,
+//	                           assistant with tool_calls, tool),
+//	                           add_generation_prompt, response_format
+//	                           (text, json_object, json_schema with
+//	                           strict), tools (functions, ≤ 128),
+//	                           tool_choice ("none", "required", a named
+//	                           function; "auto" is refused)
 //	honoured, completions      prompt (one: text or token ids)
 //	accepted (no effect)       user; chat: metadata (≤ 16 pairs),
 //	                           prompt_cache_key, prompt_cache_retention,
-//	                           safety_identifier
+//	                           safety_identifier, parallel_tool_calls
+//	                           (one call is made either way)
 //	refused unless default     n (1), top_logprobs; chat: logprobs (false),
-//	                           tools ([]), tool_choice ("none"),
-//	                           parallel_tool_calls (true), functions ([]),
+//	                           functions ([]),
 //	                           function_call ("none"), modalities (["text"]),
 //	                           audio, prediction, reasoning_effort,
 //	                           verbosity, web_search_options, service_tier
@@ -86,6 +90,18 @@
 // additionalProperties: false, as OpenAI's does. Properties come in the
 // schema's order, with at most one space between tokens. Not with
 // ignore_eos (the value ends with the end-of-sequence token).
+//
+// Tool calls: the tools reach the model through its chat template's tools
+// variable; with tool_choice "required" or a named function the output is
+// constrained to {"name": NAME, "arguments": ARGS} (a grammar.ToolCall:
+// NAME one of the functions, ARGS valid for its parameters, under the
+// function's own strict flag) and answered as OpenAI's tool_calls (one
+// call, finish "tool_calls"; streamed as an id/type/name delta, then
+// argument deltas). "auto", the default with tools, is refused: it would
+// need each model family's own call syntax parsed out of free text.
+// Assistant messages may carry tool_calls (arguments given as a JSON
+// string become an object for the template, as vLLM passes them), and
+// tool messages need tool_call_id.
 //
 // Chat prompts are rendered with the model's GGUF chat template through
 // package chattmpl; when the model has none, or its template cannot be

@@ -80,7 +80,7 @@ func (s *Server) tokenize(c *call) *apiError {
 			return e
 		}
 		addGen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
-		if ids, _, e = s.chatPrompt(msgs, addGen); e != nil {
+		if ids, _, e = s.chatPrompt(msgs, addGen, nil); e != nil {
 			return e
 		}
 	default:

@@ -110,19 +110,20 @@ var sharedFields = concat(
 // chatFields are /v1/chat/completions' known fields: every field of
 // OpenAI's chat completion request, and the extensions above.
 var chatFields = concat(sharedFields,
-	honour("messages", "add_generation_prompt", "response_format"),
+	honour("messages", "add_generation_prompt", "response_format",
+		// tool_choice "required" or a named function (tools.go).
+		"tools", "tool_choice"),
 	// Not sampling knobs. metadata and store go with OpenAI's stored
 	// completions, which this server does not keep (store: true is
 	// refused, since a client would then expect to read them back);
 	// prompt_cache_key and prompt_cache_retention are hints for OpenAI's
 	// cache routing; safety_identifier replaces user.
-	accept("metadata", "prompt_cache_key", "prompt_cache_retention", "safety_identifier"),
+	accept("metadata", "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
+		// One call is made either way: within what true and false allow.
+		"parallel_tool_calls"),
 	[]knownField{
 		refuse("store", "Storing completions ('store': true)", "false"),
 		refuse("logprobs", "'logprobs'", "false"),
-		refuse("tools", "Tool calling", "[]"),
-		refuse("tool_choice", "Tool calling ('tool_choice' other than \"none\")", `"none"`),
-		refuse("parallel_tool_calls", "Tool calling ('parallel_tool_calls': false)", "true"),
 		refuse("functions", "Function calling", "[]"),
 		refuse("function_call", "Function calling ('function_call' other than \"none\")", `"none"`),
 		refuse("modalities", "Output modalities other than text", `["text"]`),

@@ -27,7 +27,7 @@ func (s *Server) chatCompletions(c *call) *apiError {
 	if e := c.checkModel(g.model); e != nil {
 		return e
 	}
-	ids, text, e := s.chatPrompt(msgs, addGen)
+	ids, text, e := s.chatPrompt(msgs, addGen, g.tools)
 	if e != nil {
 		return e
 	}
@@ -68,10 +68,11 @@ func (s *Server) completions(c *call) *apiError {
 
 // chatPrompt renders messages with the model's chat template (or the
 // ChatML fallback, see chattmpl.Fallback) and tokenizes the result.
-func (s *Server) chatPrompt(msgs []message, addGen bool) ([]int, string, *apiError) {
-	in := chattmpl.Input{AddGenerationPrompt: addGen, Messages: make([]chattmpl.Message, len(msgs))}
+func (s *Server) chatPrompt(msgs []message, addGen bool, tools []any) ([]int, string, *apiError) {
+	in := chattmpl.Input{AddGenerationPrompt: addGen, Messages: make([]chattmpl.Message, len(msgs)), Tools: tools}
 	for i, m := range msgs {
-		in.Messages[i] = chattmpl.Message{Role: m.Role, Content: m.Content}
+		in.Messages[i] = chattmpl.Message{Role: m.Role, Content: m.Content, ContentNull: m.ContentNull,
+			ToolCalls: m.ToolCalls, ToolCallID: m.ToolCallID, Name: m.Name}
 	}
 	if id := s.backend.BOS(); id >= 0 {
 		in.BOSToken = string(s.backend.TokenPiece(id))
@@ -511,6 +512,12 @@ func (c *call) writeJSON(v any) error {
 
 type chatResponder struct {
 	text []byte
+	// Tool calls (genParams.toolCall): the call's id, and how much of
+	// its arguments went out in stream chunks (the last byte is held
+	// back: it may be the call's closing brace).
+	callID   string
+	named    bool
+	argsSent int
 }
 
 type chatChunk struct {
@@ -530,8 +537,23 @@ type chatChunkChoice struct {
 }
 
 type chatDelta struct {
-	Role    string  `json:"role,omitempty"`
-	Content *string `json:"content,omitempty"`
+	Role      string          `json:"role,omitempty"`
+	Content   *string         `json:"content,omitempty"`
+	ToolCalls []toolCallDelta `json:"tool_calls,omitempty"`
+}
+
+// toolCallDelta is a streamed piece of a tool call, in OpenAI's shape:
+// the first carries id, type and name, the rest more arguments.
+type toolCallDelta struct {
+	Index    int               `json:"index"`
+	ID       string            `json:"id,omitempty"`
+	Type     string            `json:"type,omitempty"`
+	Function toolFunctionDelta `json:"function"`
+}
+
+type toolFunctionDelta struct {
+	Name      string `json:"name,omitempty"`
+	Arguments string `json:"arguments"`
 }
 
 func (r *chatResponder) chunk(c *call, d chatDelta, finish *string) chatChunk {
@@ -556,17 +578,69 @@ func (r *chatResponder) delta(c *call, g *genParams, text string) error {
 			return err
 		}
 	}
+	if g.toolCall {
+		r.text = append(r.text, text...)
+		return r.streamCall(c, false)
+	}
 	return c.writeEvent(r.chunk(c, chatDelta{Content: &text}, nil))
+}
+
+// streamCall writes what is new of the tool call in r.text: its header
+// once the name is known, then its arguments, holding back the last byte
+// until final (complete: the call's own closing brace is dropped).
+func (r *chatResponder) streamCall(c *call, final bool, complete ...bool) error {
+	name, args, ok := toolCallOutput(string(r.text), len(complete) > 0 && complete[0])
+	if !ok {
+		return nil
+	}
+	if !r.named {
+		r.named, r.callID = true, newCallID()
+		if err := c.writeEvent(r.chunk(c, chatDelta{ToolCalls: []toolCallDelta{{ID: r.callID, Type: "function",
+			Function: toolFunctionDelta{Name: name}}}}, nil)); err != nil {
+			return err
+		}
+	}
+	end := len(args)
+	if !final {
+		end-- // may be the closing brace
+	}
+	if end <= r.argsSent {
+		return nil
+	}
+	more := args[r.argsSent:end]
+	r.argsSent = end
+	return c.writeEvent(r.chunk(c, chatDelta{ToolCalls: []toolCallDelta{{Function: toolFunctionDelta{Arguments: more}}}}, nil))
+}
+
+// callMessage is the non-streamed message of a tool call, and the finish
+// reason to send: tool_calls for a whole call, length for one cut short
+// (then the arguments are what was written; before the name is known the
+// text comes back as content).
+func (r *chatResponder) callMessage(reason string) (map[string]any, string) {
+	complete := reason == "stop"
+	name, args, ok := toolCallOutput(string(r.text), complete)
+	if !ok {
+		return map[string]any{"role": "assistant", "content": string(r.text)}, reason
+	}
+	if complete {
+		reason = "tool_calls"
+	}
+	return map[string]any{"role": "assistant", "content": nil, "tool_calls": []any{map[string]any{
+		"id": newCallID(), "type": "function", "function": map[string]any{"name": name, "arguments": args}}}}, reason
 }
 
 func (r *chatResponder) finish(c *call, g *genParams, reason string, u usageJSON) error {
 	c.outputText = string(r.text)
 	if !g.stream {
+		msg := map[string]any{"role": "assistant", "content": string(r.text)}
+		if g.toolCall {
+			msg, reason = r.callMessage(reason)
+		}
 		return c.writeJSON(map[string]any{
 			"id": "chatcmpl-" + c.id.String(), "object": "chat.completion", "created": c.start.Unix(),
 			"model": c.s.backend.ModelID(),
 			"choices": []any{map[string]any{
-				"index": 0, "message": map[string]any{"role": "assistant", "content": string(r.text)},
+				"index": 0, "message": msg,
 				"logprobs": nil, "finish_reason": reason,
 			}},
 			"usage": u,
@@ -575,6 +649,22 @@ func (r *chatResponder) finish(c *call, g *genParams, reason string, u usageJSON
 	if !c.started {
 		if err := r.begin(c); err != nil {
 			return err
+		}
+	}
+	if g.toolCall {
+		complete := reason == "stop"
+		if err := r.streamCall(c, true, complete); err != nil {
+			return err
+		}
+		if !r.named && len(r.text) > 0 {
+			// Cut before the name was known: the text as content.
+			text := string(r.text)
+			if err := c.writeEvent(r.chunk(c, chatDelta{Content: &text}, nil)); err != nil {
+				return err
+			}
+		}
+		if complete && r.named {
+			reason = "tool_calls"
 		}
 	}
 	if err := c.writeEvent(r.chunk(c, chatDelta{}, &reason)); err != nil {

@@ -236,9 +236,15 @@ var chatCases = []fieldCase{
 	acceptedField("safety_identifier", "hashed-user"),
 	refusedField("store", true, false),
 	refusedField("logprobs", true, false),
-	refusedField("tools", []any{map[string]any{"type": "function", "function": map[string]any{"name": "f"}}}, []any{}),
-	refusedField("tool_choice", "auto", "none"),
-	refusedField("parallel_tool_calls", false, true),
+	{field: "tools", use: "honoured", value: []any{map[string]any{"type": "function", "function": map[string]any{"name": "f"}}},
+		extra: map[string]any{"tool_choice": "required"}, check: constrains(grammar.ToolCall, `[{"name":"f"}]`)},
+	{field: "tool_choice", use: "honoured", value: map[string]any{"type": "function", "function": map[string]any{"name": "g"}},
+		extra: map[string]any{"tools": []any{
+			map[string]any{"type": "function", "function": map[string]any{"name": "f"}},
+			map[string]any{"type": "function", "function": map[string]any{"name": "g", "parameters": map[string]any{"type": "object"}}},
+		}},
+		check: constrains(grammar.ToolCall, `[{"name":"g","parameters":{"type":"object"}}]`)},
+	acceptedField("parallel_tool_calls", false),
 	refusedField("functions", []any{map[string]any{"name": "f"}}, []any{}),
 	refusedField("function_call", "auto", "none"),
 	{field: "response_format", use: "honoured", value: map[string]any{"type": "json_schema", "json_schema": map[string]any{

@@ -429,7 +429,7 @@ func TestBadRequests(t *testing.T) {
 		{"no messages", "/v1/chat/completions", keyAlpha, `{"messages":[]}`, 400, "", "messages"},
 		{"bad role", "/v1/chat/completions", keyAlpha, `{"messages":[{"role":"wizard","content":"x"}]}`, 400, "", "messages[0].role"},
 		{"image part", "/v1/chat/completions", keyAlpha, `{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}`, 400, "unsupported_parameter", "messages[0].content[0]"},
-		{"tools", "/v1/chat/completions", keyAlpha, chatBody(map[string]any{"tools": []any{map[string]any{"type": "function"}}}), 400, "unsupported_parameter", "tools"},
+		{"tools", "/v1/chat/completions", keyAlpha, chatBody(map[string]any{"tools": []any{map[string]any{"type": "retrieval"}}}), 400, "unsupported_parameter", "tools[0].type"},
 		{"two prompts", "/v1/completions", keyAlpha, `{"prompt":["a","b"]}`, 400, "unsupported_parameter", "prompt"},
 		{"bad token id", "/v1/completions", keyAlpha, `{"prompt":[5, 999999]}`, 400, "", "prompt"},
 		{"no prompt", "/v1/completions", keyAlpha, `{"model":"fake-model"}`, 400, "", "prompt"},

@@ -1,0 +1,131 @@
+package gateway_test
+
+import (
+	"bufio"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/pagewarden/pagewarden/internal/gateway/gatewaytest"
+	"github.com/pagewarden/pagewarden/internal/grammar"
+	"github.com/pagewarden/pagewarden/internal/testdata"
+)
+
+// weatherTool is the shared cases' tool, in the client's key order (the
+// template writes it with tojson, in that order).
+var weatherTool = json.RawMessage(`{"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+	"parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "City name"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}}`)
+
+// TestToolsReachTheTemplate: tools and a tool-call conversation (an
+// assistant's tool_calls with arguments as OpenAI's JSON string, then the
+// tool's result) are rendered by the model's chat template exactly as
+// Hugging Face renders them (Qwen 2.5's template and its reference
+// rendering from shared/testdata).
+func TestToolsReachTheTemplate(t *testing.T) {
+	dir := testdata.Path(t, "templates")
+	src, err := os.ReadFile(filepath.Join(dir, "Qwen-Qwen2.5-7B-Instruct.jinja"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want string
+	f, err := os.Open(filepath.Join(dir, "Qwen-Qwen2.5-7B-Instruct.expected.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for sc := bufio.NewScanner(f); sc.Scan(); {
+		var l struct{ Case, Output string }
+		if json.Unmarshal(sc.Bytes(), &l) == nil && l.Case == "tool-call-and-result" {
+			want = l.Output
+		}
+	}
+	fake := gatewaytest.NewFake()
+	fake.Template = string(src)
+	fake.Window = 4096
+	h := newHarness(t, fake)
+	r := h.post("/v1/chat/completions", keyAlpha, map[string]any{
+		"tools": []any{weatherTool}, "tool_choice": "none", "max_tokens": 4,
+		"messages": []any{
+			map[string]any{"role": "user", "content": "What's the weather in Paris?"},
+			map[string]any{"role": "assistant", "content": nil, "tool_calls": []any{map[string]any{"id": "call_0001", "type": "function",
+				"function": map[string]any{"name": "get_weather", "arguments": `{"city": "Paris", "unit": "celsius"}`}}}},
+			map[string]any{"role": "tool", "tool_call_id": "call_0001", "name": "get_weather", "content": `{"temp": 18}`},
+		}})
+	if r.status != 200 {
+		t.Fatalf("status %d: %s", r.status, r.body)
+	}
+	// The fake's tokenizer puts its BOS first; the template writes none.
+	if got := strings.TrimPrefix(promptText(t, h.fake.LastParams()), "<s>"); got != want {
+		t.Errorf("prompt:\n%q\nwant (Hugging Face):\n%q", got, want)
+	}
+	if h.fake.LastParams().Sampling.Grammar != nil {
+		t.Error("tool_choice none set a constraint")
+	}
+}
+
+// TestToolRefusals: what the server cannot do with tools is a 400 naming
+// the field, before anything is submitted.
+func TestToolRefusals(t *testing.T) {
+	h := newHarness(t, nil)
+	tools := []any{weatherTool}
+	msgs := []any{map[string]any{"role": "user", "content": "x"}}
+	for _, tc := range []struct {
+		name        string
+		body        map[string]any
+		param, code string
+		mentions    string
+	}{
+		{"auto by default", map[string]any{"tools": tools}, "tool_choice", "unsupported_parameter", "auto"},
+		{"auto", map[string]any{"tools": tools, "tool_choice": "auto"}, "tool_choice", "unsupported_parameter", "auto"},
+		{"choice without tools", map[string]any{"tool_choice": "required"}, "tool_choice", "", ""},
+		{"named, not in tools", map[string]any{"tools": tools, "tool_choice": map[string]any{"type": "function", "function": map[string]any{"name": "nope"}}}, "tool_choice", "", "nope"},
+		{"bad choice", map[string]any{"tools": tools, "tool_choice": "sometimes"}, "tool_choice", "", ""},
+		{"unsupported keyword", map[string]any{"tool_choice": "required", "tools": []any{map[string]any{"type": "function", "function": map[string]any{"name": "f",
+			"parameters": map[string]any{"type": "object", "properties": map[string]any{"d": map[string]any{"type": "string", "format": "date"}}}}}}},
+			"tools", "unsupported_parameter", "'format'"},
+		{"strict without additionalProperties", map[string]any{"tool_choice": "required", "tools": []any{map[string]any{"type": "function", "function": map[string]any{"name": "f", "strict": true,
+			"parameters": map[string]any{"type": "object", "properties": map[string]any{"a": map[string]any{"type": "string"}}, "required": []string{"a"}}}}}},
+			"tools", "unsupported_parameter", "additionalProperties"},
+		{"not a function", map[string]any{"tools": []any{map[string]any{"type": "code_interpreter"}}}, "tools[0].type", "unsupported_parameter", ""},
+		{"bad name", map[string]any{"tools": []any{map[string]any{"type": "function", "function": map[string]any{"name": "a b"}}}}, "tools[0].function.name", "", ""},
+		{"two of a name", map[string]any{"tools": []any{weatherTool, weatherTool}, "tool_choice": "required"}, "tools[1].function.name", "", ""},
+		{"with response_format", map[string]any{"tools": tools, "tool_choice": "required", "response_format": map[string]any{"type": "json_object"}}, "tool_choice", "", ""},
+		{"with ignore_eos", map[string]any{"tools": tools, "tool_choice": "required", "ignore_eos": true}, "ignore_eos", "", ""},
+		{"parallel not a boolean", map[string]any{"tools": tools, "tool_choice": "none", "parallel_tool_calls": "yes"}, "parallel_tool_calls", "", ""},
+		{"tool message without id", map[string]any{"messages": append(msgs, map[string]any{"role": "tool", "content": "r"})}, "messages[1].tool_call_id", "", ""},
+		{"tool_calls not calls", map[string]any{"messages": append(msgs, map[string]any{"role": "assistant", "tool_calls": []any{map[string]any{"type": "function"}}})}, "messages[1].tool_calls", "", ""},
+		{"tool_calls on a user", map[string]any{"messages": []any{map[string]any{"role": "user", "content": "x", "tool_calls": []any{}}}}, "messages[0].tool_calls", "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := h.fake.Submits()
+			r := h.post("/v1/chat/completions", keyAlpha, chatBody(tc.body))
+			if r.status != 400 || errorParam(t, r.body) != tc.param {
+				t.Fatalf("status %d %s; want 400 naming %s", r.status, r.body, tc.param)
+			}
+			if tc.code != "" && errorCode(t, r.body) != tc.code {
+				t.Errorf("code %q, want %q", errorCode(t, r.body), tc.code)
+			}
+			if !strings.Contains(string(r.body), tc.mentions) {
+				t.Errorf("%s does not mention %s", r.body, tc.mentions)
+			}
+			if h.fake.Submits() != before {
+				t.Error("a refused request was submitted")
+			}
+		})
+	}
+	// required and a named function constrain the output to a call.
+	for choice, want := range map[string]any{
+		"required": "required",
+		"named":    map[string]any{"type": "function", "function": map[string]any{"name": "get_weather"}},
+	} {
+		r := h.post("/v1/chat/completions", keyAlpha, chatBody(map[string]any{"tools": tools, "tool_choice": want, "parallel_tool_calls": false}))
+		if r.status != 200 {
+			t.Fatalf("%s: status %d %s", choice, r.status, r.body)
+		}
+		if g := h.fake.LastParams().Sampling.Grammar; g == nil || g.Spec().Kind != grammar.ToolCall {
+			t.Errorf("%s: constraint %v, want a tool call", choice, g)
+		}
+	}
+}
