@@ -47,3 +47,34 @@ func BenchmarkDecodeStep(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPrefill measures a whole prompt's prefill in one step (the
+// scheduler's chunk is larger than these) at 128 and 512 tokens: attention
+// over the prompt grows with its square, so the two rates side by side in
+// one run show how it scales.
+//
+// Run: go test ./internal/model -run '^$' -bench Prefill -benchtime 4x -count 3
+func BenchmarkPrefill(b *testing.B) {
+	name := *benchModel
+	if testing.Short() {
+		name = "tiny"
+	}
+	m := builtin(b, name)
+	for _, threads := range []int{1, 2} {
+		for _, n := range []int{128, 512} {
+			b.Run(fmt.Sprintf("threads=%d/p=%d", threads, n), func(b *testing.B) {
+				r := newRunner(b, m, kvcache.F32, 1+n/16)
+				r.compute = computePool(b, threads)
+				prompt := tokens(1, n, m.Config.Vocab)
+				b.ReportAllocs()
+				b.ResetTimer()
+				for range b.N {
+					seq := r.seq("bench")
+					r.step(part{seq, prompt, model.LogitsLast})
+					r.kv.Release(seq)
+				}
+				b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "tok/s")
+			})
+		}
+	}
+}
