@@ -187,7 +187,9 @@ func TestE2EStructuredMatchesEngine(t *testing.T) {
 // real node: response_format json_schema (strict) and json_object,
 // streamed and not, each finished answer validated by Ajv, an independent
 // JSON Schema validator; a cut one must be a prefix the schema allows;
-// an unsupported keyword is a BadRequestError naming response_format.
+// an unsupported keyword is a BadRequestError naming response_format; and
+// the client's runTools, streamed and not, parses a named tool_choice's
+// tool_calls and calls the function with arguments Ajv validates.
 // Like TestOpenAINodeClientRealNode it runs when PAGEWARDEN_NODE_TESTS=1
 // and `npm install` has been run there (test.sh does both).
 func TestOpenAINodeClientStructured(t *testing.T) {
@@ -225,6 +227,8 @@ func TestOpenAINodeClientStructured(t *testing.T) {
 				Status      int
 				Param, Code string
 			}
+			Calls  []json.RawMessage
+			Pinged int
 		} `json:"results"`
 	}
 	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil || !res.OK {
@@ -254,7 +258,12 @@ func TestOpenAINodeClientStructured(t *testing.T) {
 	if r.Refused.Status != 400 || r.Refused.Param != "response_format" || r.Refused.Code != "unsupported_parameter" {
 		t.Errorf("unsupported keyword: %+v", r.Refused)
 	}
-	t.Logf("%d of 20 answers finished and validated with Ajv, %d cut by max_tokens", r.Finished, r.Cut)
+	// The client's runTools parsed the tool_calls and called the function
+	// with arguments Ajv validated, streamed and not.
+	if len(r.Calls) != 6 || r.Pinged == 0 {
+		t.Errorf("runTools: %d runs, %d calls made: %s", len(r.Calls), r.Pinged, lines[len(lines)-1])
+	}
+	t.Logf("%d of 20 answers finished and validated with Ajv, %d cut by max_tokens; runTools called the function %d of 6 times", r.Finished, r.Cut, r.Pinged)
 }
 
 // TestE2EToolCalls: tool_choice "required" (two functions) and a named

@@ -82,4 +82,35 @@ try {
   results.refused = { status: e.status, param: e.param, code: e.code, message: e.message };
 }
 
+// Tool calls through the client's own runner: with a named tool_choice,
+// runTools parses the tool_calls, calls the function with the parsed
+// arguments once and stops. Streamed and not.
+const pingParams = { type: "object", properties: { ok: { type: "boolean" }, n: { type: "integer" } }, required: ["ok", "n"], additionalProperties: false };
+const validPing = new Ajv({ strict: true }).compile(pingParams);
+results.calls = [];
+for (const stream of [false, true]) {
+  for (const seed of [1, 2, 3]) {
+    let got = null;
+    const runner = client.beta.chat.completions.runTools({
+      model, messages: [{ role: "user", content: "ping" }], max_tokens: 120, temperature: 1, seed, stream,
+      tools: [{ type: "function", function: { name: "ping", parameters: pingParams, function: (args) => { got = args; return "pong"; }, parse: JSON.parse } }],
+      tool_choice: { type: "function", function: { name: "ping" } },
+    });
+    try {
+      await runner.done();
+    } catch (e) {
+      fail(`runTools (stream ${stream}, seed ${seed}): ${e}`);
+    }
+    const calls = (await runner.allChatCompletions()).flatMap((c) => c.choices[0].message.tool_calls ?? []);
+    results.calls.push({ stream, seed, args: got, calls: calls.length });
+    if (got === null) {
+      const finish = (await runner.allChatCompletions())[0]?.choices[0]?.finish_reason;
+      if (finish !== "length") fail(`runTools (stream ${stream}, seed ${seed}): the function was not called (finish ${finish})`);
+      continue;
+    }
+    if (!validPing(got)) fail(`ping(${JSON.stringify(got)}): ${JSON.stringify(validPing.errors)}`);
+    results.pinged = (results.pinged ?? 0) + 1;
+  }
+}
+
 console.log(JSON.stringify({ ok: true, results }));
