@@ -284,9 +284,6 @@ func (p *prober) discover(ctx context.Context, r *Report) error {
 		Data []struct {
 			ID          string `json:"id"`
 			MaxModelLen int    `json:"max_model_len"`
-			Meta        *struct {
-				NCtxTrain int `json:"n_ctx_train"`
-			} `json:"meta"`
 		} `json:"data"`
 	}
 	if e.status == http.StatusOK {
@@ -313,6 +310,18 @@ func (p *prober) discover(ctx context.Context, r *Report) error {
 		p.tokenize = true
 		if p.window == 0 && tok.MaxModelLen > 0 {
 			p.window, r.WindowSrc = tok.MaxModelLen, "/tokenize max_model_len"
+		}
+	}
+	if p.window == 0 {
+		// llama.cpp's server tells its context per slot in /props.
+		pr := p.send(ctx, &exchange{key: 0, method: http.MethodGet, path: "/props", desc: "GET /props"})
+		var props struct {
+			Settings struct {
+				NCtx int `json:"n_ctx"`
+			} `json:"default_generation_settings"`
+		}
+		if pr.status == http.StatusOK && json.Unmarshal(pr.raw, &props) == nil && props.Settings.NCtx > 0 {
+			p.window, r.WindowSrc = props.Settings.NCtx, "/props n_ctx"
 		}
 	}
 	if p.window == 0 {

@@ -38,6 +38,9 @@ const (
 // its prompt (greedy) or draws letters from the seed (sampled).
 type fakeServer struct {
 	fault fault
+	// llama: like llama.cpp's server, no max_model_len in /v1/models and
+	// no vLLM /tokenize, the window in /props.
+	llama bool
 	keys  map[string]int
 
 	mu        sync.Mutex
@@ -79,8 +82,23 @@ func (s *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case "/v1/models":
 		w.Header().Set("Content-Type", "application/json")
+		if s.llama {
+			fmt.Fprintf(w, `{"object":"list","data":[{"id":"fake","object":"model","meta":{"n_ctx_train":%d}}]}`, 4*fakeWindow)
+			return
+		}
 		fmt.Fprintf(w, `{"object":"list","data":[{"id":"fake","object":"model","max_model_len":%d}]}`, fakeWindow)
+	case "/props":
+		if !s.llama {
+			s.fail(w, 404, "no such path")
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"default_generation_settings":{"n_ctx":%d}}`, fakeWindow)
 	case "/tokenize":
+		if s.llama {
+			s.fail(w, 404, "no such path")
+			return
+		}
 		var req struct{ Prompt string }
 		if json.NewDecoder(r.Body).Decode(&req) != nil {
 			s.fail(w, 400, "bad json")
@@ -259,18 +277,27 @@ func TestProbeFakeServer(t *testing.T) {
 	for _, tc := range []struct {
 		fault fault
 		check string // the check that must fail; "" none
+		llama bool
 	}{
-		{faultNone, ""},
-		{faultLeak, "canaries"},
-		{faultPromptOne, "boundary"},
-		{faultAbort200, "abort-storm"},
-		{faultNondet, "determinism"},
-		{faultSharedCache, "prefix-cache"},
-		{faultTraces, "errors"},
-		{faultOverload200, "overload"},
+		{faultNone, "", false},
+		{faultNone, "", true},
+		{faultPromptOne, "boundary", true},
+		{faultLeak, "canaries", false},
+		{faultPromptOne, "boundary", false},
+		{faultAbort200, "abort-storm", false},
+		{faultNondet, "determinism", false},
+		{faultSharedCache, "prefix-cache", false},
+		{faultTraces, "errors", false},
+		{faultOverload200, "overload", false},
 	} {
-		t.Run(string(cmpOr(tc.fault, "correct")), func(t *testing.T) {
-			srv := httptest.NewServer(newFake(tc.fault))
+		name := string(cmpOr(tc.fault, "correct"))
+		if tc.llama {
+			name += "/llama.cpp-like"
+		}
+		t.Run(name, func(t *testing.T) {
+			fake := newFake(tc.fault)
+			fake.llama = tc.llama
+			srv := httptest.NewServer(fake)
 			defer srv.Close()
 			r, err := Run(context.Background(), Config{URL: srv.URL, Keys: []string{"key-a", "key-b"}, Quick: true, Timeout: 10 * time.Second})
 			if err != nil {
@@ -278,6 +305,7 @@ func TestProbeFakeServer(t *testing.T) {
 			}
 			var sum bytes.Buffer
 			r.WriteSummary(&sum)
+			t.Log("\n" + sum.String())
 			for _, c := range r.Checks {
 				switch {
 				case c.Name == tc.check:
@@ -294,6 +322,9 @@ func TestProbeFakeServer(t *testing.T) {
 			}
 			if r.Failed() != (tc.check != "") {
 				t.Errorf("Failed() = %v\n%s", r.Failed(), sum.String())
+			}
+			if tc.llama && (r.Window != fakeWindow || r.WindowSrc != "/props n_ctx" || r.Tokenize) {
+				t.Errorf("window %d from %q, tokenize %v", r.Window, r.WindowSrc, r.Tokenize)
 			}
 			if tc.fault == faultNone && (r.Leak.Trials < 20 || r.Leak.Leaks != 0 || r.Leak.Upper95 >= 0.2) {
 				t.Errorf("leak stats %+v", r.Leak)
@@ -411,4 +442,26 @@ func TestSummaryShowsEvidence(t *testing.T) {
 	if err := json.Unmarshal(r.JSON(), &back); err != nil || back.Check("canaries").Verdict != Fail {
 		t.Errorf("JSON report does not round-trip: %v", err)
 	}
+}
+
+// FuzzReadStream: any bytes a server streams are read within bounds and
+// without a panic; [DONE] ends the stream and text is what the events
+// carried.
+func FuzzReadStream(f *testing.F) {
+	f.Add([]byte("data: {\"choices\":[{\"text\":\"hi\",\"finish_reason\":null}]}\n\ndata: {\"choices\":[{\"text\":\"\",\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n"))
+	f.Add([]byte("data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\ndata: {\"error\":{\"message\":\"m\"}}\n"))
+	f.Add([]byte("data: not json\n"))
+	f.Add([]byte(": comment\nevent: x\ndata:[DONE]\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		e := &exchange{abortAfter: 3}
+		e.readStream(bytes.NewReader(b), time.Now(), func() {})
+		if len(e.raw) > len(b)+bytes.Count(b, []byte("\r"))+1 {
+			t.Fatalf("read %d bytes of %d", len(e.raw), len(b))
+		}
+		if e.events > 3 {
+			t.Fatalf("%d events past abortAfter 3", e.events)
+		}
+		_ = e.incomplete()
+		_ = errorShape(b)
+	})
 }
