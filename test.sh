@@ -55,6 +55,6 @@ go test -count=1 -timeout 20m ./...
 echo "== go test -tags pw_mutants (positive controls that re-introduce bugs through build-tagged hooks)"
 go test -count=1 -tags pw_mutants ./internal/sched/ ./internal/disagg/
 echo "== go test -race -short (concurrent packages)"
-go test -count=1 -race -short -timeout 20m $(go list ./internal/... | grep -E '/(kvcache|sched|gateway|kernels|engine|node|loadgen|cli|transfer|link|disagg|cluster)($|/)')
+go test -count=1 -race -short -timeout 20m $(go list ./internal/... | grep -E '/(kvcache|sched|gateway|kernels|engine|node|loadgen|probe|cli|transfer|link|disagg|cluster)($|/)')
 echo "== go test -tags purego -short (the whole suite on the reference kernels)"
 go test -count=1 -tags purego -short -timeout 20m ./...
