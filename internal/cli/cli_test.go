@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/pagewarden/pagewarden/internal/kernels"
 	"github.com/pagewarden/pagewarden/internal/testdata"
+	"github.com/pagewarden/pagewarden/internal/transfer"
 )
 
 // result is what one run of Main produced.
@@ -294,7 +296,7 @@ func TestVersion(t *testing.T) {
 	if code := Main(context.Background(), []string{"version"}, &out, &errOut); code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut.String())
 	}
-	for _, want := range []string{"pagewarden ", "commit ", "go ", "kernels ", "handoff    protocol 1"} {
+	for _, want := range []string{"pagewarden ", "commit ", "go ", "kernels ", fmt.Sprintf("handoff    protocol %d\n", transfer.ProtocolVersion)} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("version output lacks %q:\n%s", want, out.String())
 		}
