@@ -160,3 +160,36 @@ func TestSupports(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkExtMatMul times the added types against Q8_0 (and Q4_K/Q6_K for
+// the 256-wide types) on the 135M shapes llama-quantize gives them: the
+// 1536 x 576 gate/up projection (576 is not a multiple of 256, hence the
+// fall-back types) and the 576 x 1536 down projection; decode (n=1) and a
+// 16-row prefill chunk, on one thread.
+func BenchmarkExtMatMul(b *testing.B) {
+	rng := newRand(48)
+	for _, sh := range []struct {
+		rows, cols int
+		types      []quant.Type
+	}{
+		{1536, 576, []quant.Type{quant.Q8_0, quant.Q5_0, quant.IQ4_NL, quant.Q4_1, quant.Q5_1}},
+		{576, 1536, []quant.Type{quant.Q8_0, quant.Q4_K, quant.Q6_K, quant.Q5_K, quant.Q3_K, quant.Q2_K, quant.IQ4_XS}},
+	} {
+		for _, typ := range sh.types {
+			m, err := NewMatrix(typ, sh.rows, sh.cols, randWeights(rng, typ, sh.rows, sh.cols))
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, n := range []int{1, 16} {
+				x := randF32(rng, n*sh.cols)
+				dst := make([]float32, n*sh.rows)
+				b.Run(fmt.Sprintf("%dx%d/%s/n%d", sh.rows, sh.cols, typ, n), func(b *testing.B) {
+					b.SetBytes(int64(m.Bytes()))
+					for b.Loop() {
+						MatMul(nil, dst, m, x, n)
+					}
+				})
+			}
+		}
+	}
+}

@@ -112,6 +112,15 @@ const chatMLTemplate = "{% for message in messages %}{{ '<|im_start|>' + message
 
 // BuiltinGGUF writes spec as a GGUF image.
 func BuiltinGGUF(spec BuiltinSpec) (*gguf.Writer, error) {
+	return BuiltinGGUFTyped(spec, nil)
+}
+
+// BuiltinGGUFTyped writes spec as a GGUF image with each matrix in the type
+// typeOf gives for its name (spec.Type where typeOf is nil), from the same
+// float32 weights; norms stay F32. Tests use it to rebuild, with the
+// project's ggml-exact quantisers, a mixed-type file such as the one
+// llama-quantize makes of the F32 model.
+func BuiltinGGUFTyped(spec BuiltinSpec, typeOf func(name string) quant.Type) (*gguf.Writer, error) {
 	tokens, types, scores := byteVocab(spec.Vocab)
 	vocab := len(tokens)
 	hd := spec.Dim / spec.Heads
@@ -185,6 +194,9 @@ func BuiltinGGUF(spec BuiltinSpec) (*gguf.Writer, error) {
 	for _, t := range ts {
 		vals := make([]float32, t.rows*t.cols)
 		typ := spec.Type
+		if typeOf != nil {
+			typ = typeOf(t.name)
+		}
 		if t.norm {
 			for i := range vals {
 				vals[i] = 1
