@@ -34,9 +34,11 @@ type seqMatcher struct {
 }
 
 // Bounds on what the engine keeps: bound grammars (each with its mask
-// cache) and matchers of sequences not drawn for idleSteps steps.
+// cache of at most grammar's maxCached masks of vocab/8 bytes: 16 bound
+// grammars on a 128k-token vocabulary hold at most 32 MiB) and matchers of
+// sequences not drawn for idleSteps steps.
 const (
-	maxBound  = 64
+	maxBound  = 16
 	idleSteps = 256
 )
 
@@ -50,8 +52,11 @@ func (c *constraints) init(e *Engine) {
 	c.matchers = map[request.Owner]*seqMatcher{}
 }
 
-func specKey(s grammar.Spec) string {
-	return strconv.Itoa(int(s.Kind)) + strconv.FormatBool(s.Strict) + string(s.Schema)
+// specKey keys a bound grammar by tenant and spec: requests with the same
+// schema share masks, but only within a tenant, so that how fast a mask
+// comes back never tells one tenant which schemas another uses.
+func specKey(t request.Tenant, s grammar.Spec) string {
+	return string(t) + "\x00" + strconv.Itoa(int(s.Kind)) + strconv.FormatBool(s.Strict) + string(s.Schema)
 }
 
 // mask returns the tokens owner's sequence may draw as generated token
@@ -61,10 +66,10 @@ func (c *constraints) mask(e *Engine, owner request.Owner, g *grammar.Grammar, i
 	c.init(e)
 	sm := c.matchers[owner]
 	if sm == nil || sm.g != g || sm.m.Accepted() > index {
-		key := specKey(g.Spec())
+		key := specKey(owner.Tenant, g.Spec())
 		b := c.bound[key]
 		// A grammar compiled from the same spec is the same automaton:
-		// requests that share a schema share its mask cache.
+		// a tenant's requests that share a schema share its mask cache.
 		if b == nil {
 			if len(c.bound) >= maxBound {
 				clear(c.bound)

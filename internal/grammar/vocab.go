@@ -146,7 +146,7 @@ func Allowed(mask []uint64, id int) bool {
 // maxCached bounds a Bound's mask cache; when full it starts afresh. The
 // states a schema's outputs visit repeat (inside a string, between
 // digits), so a small cache holds the hot ones.
-const maxCached = 512
+const maxCached = 128
 
 // Bound is a grammar bound to a vocabulary, with a cache of masks by
 // state. Safe for concurrent use; its Matchers are not.
