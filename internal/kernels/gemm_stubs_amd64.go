@@ -110,6 +110,9 @@ func siluMulAVX2(dst, gate, up *float32, n int)
 func quantQ8_0AVX2(x *float32, nb int, q *int8, step int, d *float32, c *int32, corr int32)
 
 //go:noescape
+func quantQ8KAVX2(x *float32, nb int, q *int8, step int, d *float32, bs *int16)
+
+//go:noescape
 func gemmF32AVX2Rows1(w *float32, ws int, x *float32, cols, kc, nrows int, dst *float32)
 
 // gemmF32AVX2Kernels[a-1] is the AVX2 4 x a kernel.

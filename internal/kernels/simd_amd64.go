@@ -74,6 +74,7 @@ var (
 	gemmF32Variants   = []variant[gemmF32Fn]{{"ref", gemmF32Ref}}
 	quantQ8Variants   = []variant[quantQ8Fn]{{"ref", quantizeQ8_0Packed}}
 	kTileVariants     = []variant[kTileFn]{{"ref", kTileRef}}
+	quantKVariants    = []variant[quantKFn]{{"ref", quantizeQ8KPacked}}
 	siluMulVariants   = []variant[func(dst, gate, up []float32)]{{"ref", siluMulRef}}
 	softmaxVariants   = []variant[func(x []float32)]{{"ref", softmaxRef}}
 )
@@ -91,6 +92,7 @@ func init() {
 		siluMulVariants = append(siluMulVariants, variant[func(dst, gate, up []float32)]{"avx2", siluMulAVX2Go})
 		softmaxVariants = append(softmaxVariants, variant[func(x []float32)]{"avx2", softmaxAVX2})
 		quantQ8Variants = append(quantQ8Variants, variant[quantQ8Fn]{"avx2", quantizeQ8_0PackedAVX2})
+		quantKVariants = append(quantKVariants, variant[quantKFn]{"avx2", quantizeQ8KPackedAVX2})
 	}
 	if hasAVX512 {
 		dotVariants = append(dotVariants, variant[func(a, b []float32) float32]{"avx512", dotAVX512})
@@ -376,6 +378,37 @@ func quantizeQ8_0PackedAVX2(x []float32, width, i int, corr int32, xq []int8, xd
 	}
 	xq, xd, xc = xq[:nb*qk8*width], xd[:nb*width], xc[:nb*width]
 	quantQ8_0AVX2(&x[0], nb, &xq[4*i], 4*width, &xd[i], &xc[i], corr)
+}
+
+// quantizeQ8KPackedAVX2 is quantizeQ8KPacked with the quantisation in AVX2
+// assembly; the sums of 16 are paired here as the weight type needs.
+func quantizeQ8KPackedAVX2(t quant.Type, x []float32, width, i int, xq []int8, xd []float32, xp []int32) {
+	nb := len(x) / qkK
+	if nb == 0 {
+		return
+	}
+	if i < 0 || i >= width {
+		panic("kernels: quantizeQ8KPacked: row outside its group")
+	}
+	xq, xd, xp = xq[:nb*qkK*width], xd[:nb*width], xp[:nb*8*width]
+	var bs [16 * 16]int16 // sums of 16 for up to 16 super-blocks per call
+	for s0 := 0; s0 < nb; s0 += 16 {
+		n := min(16, nb-s0)
+		quantQ8KAVX2(&x[s0*qkK], n, &xq[s0*qkK*width+4*i], 4*width, &xd[s0*width+i], &bs[0])
+		for s := 0; s < n; s++ {
+			b := bs[s*16 : (s+1)*16]
+			p := xp[(s0+s)*8*width:]
+			for j := 0; j < 8; j++ {
+				var lo, hi int16
+				if t == quant.Q6_K {
+					lo, hi = b[2*j], b[2*j+1]
+				} else if j < 4 {
+					lo, hi = b[4*j]+b[4*j+1], b[4*j+2]+b[4*j+3]
+				}
+				p[j*width+i] = int32(uint32(uint16(lo)) | uint32(uint16(hi))<<16)
+			}
+		}
+	}
 }
 
 // kTileVNNI runs the AVX-512 VNNI K-quant tile kernel for the group width.

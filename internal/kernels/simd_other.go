@@ -32,6 +32,7 @@ var (
 	gemmF32Variants   = []variant[gemmF32Fn]{{"ref", gemmF32Ref}}
 	quantQ8Variants   = []variant[quantQ8Fn]{{"ref", quantizeQ8_0Packed}}
 	kTileVariants     = []variant[kTileFn]{{"ref", kTileRef}}
+	quantKVariants    = []variant[quantKFn]{{"ref", quantizeQ8KPacked}}
 	siluMulVariants   = []variant[func(dst, gate, up []float32)]{{"ref", siluMulRef}}
 	softmaxVariants   = []variant[func(x []float32)]{{"ref", softmaxRef}}
 )

@@ -94,6 +94,7 @@ func install(r int) {
 	gemmF32Impl = pick(gemmF32Variants, r)
 	quantQ8Impl = pick(quantQ8Variants, r)
 	kTileImpl = pick(kTileVariants, r)
+	quantKImpl = pick(quantKVariants, r)
 	siluMulImpl = pick(siluMulVariants, r)
 	softmaxImpl = pick(softmaxVariants, r)
 }

@@ -493,3 +493,138 @@ qy_done:
 	VZEROUPPER
 	RET
 
+// func quantQ8KAVX2(x *float32, nb int, q *int8, step int, d *float32, bs *int16)
+//
+// quantizeQ8K for one activation row, nb super-blocks of 256, in the
+// packed layout: the scale comes from the first value of largest
+// magnitude, sign kept (max |x| by VMAXPS, then the first lane equal to
+// it), iscale = -127/max, q = round-half-even(iscale*x) capped at 127,
+// d = 1/iscale; the 64 4-byte quant groups go step bytes apart, d
+// advances by step bytes per super-block and the 16 sums of 16 quants
+// go to bs (int16, 32 bytes per super-block) for the caller to pair as
+// the weight type needs. A super-block of zeros gets d = 0, q = 0,
+// sums 0.
+TEXT ·quantQ8KAVX2(SB), NOSPLIT, $0-48
+	MOVQ x+0(FP), SI
+	MOVQ nb+8(FP), CX
+	MOVQ q+16(FP), DI
+	MOVQ step+24(FP), R12
+	MOVQ d+32(FP), R8
+	MOVQ bs+40(FP), R9
+	LEAQ (R12)(R12*2), R13
+	VPCMPEQD Y15, Y15, Y15
+	VPSRLD $1, Y15, Y15 // 0x7fffffff: |x|
+	VPCMPEQD Y14, Y14, Y14
+	VPSRLD $25, Y14, Y14 // 127 in every dword
+	TESTQ CX, CX
+	JZ qky_done
+qky_block:
+	VXORPS Y4, Y4, Y4
+	XORQ AX, AX
+qky_max:
+	VANDPS (SI)(AX*1), Y15, Y0
+	VANDPS 32(SI)(AX*1), Y15, Y1
+	VMAXPS Y1, Y0, Y0
+	VMAXPS Y0, Y4, Y4
+	ADDQ $64, AX
+	CMPQ AX, $1024
+	JL qky_max
+	VEXTRACTF128 $1, Y4, X5
+	VMAXPS X5, X4, X4
+	VPERMILPS $0x4e, X4, X5
+	VMAXPS X5, X4, X4
+	VPERMILPS $0xb1, X4, X5
+	VMAXPS X5, X4, X4 // amax in every lane
+	VXORPS X5, X5, X5
+	VUCOMISS X5, X4
+	JEQ qky_zero
+	VINSERTF128 $1, X4, Y4, Y4
+	XORQ AX, AX
+qky_find:
+	VANDPS (SI)(AX*4), Y15, Y0
+	VCMPPS $0, Y4, Y0, Y0
+	VMOVMSKPS Y0, DX
+	TESTL DX, DX
+	JNZ qky_found
+	ADDQ $8, AX
+	CMPQ AX, $256
+	JL qky_find
+	JMP qky_zero // no lane equals amax: a NaN, which activations never hold
+qky_found:
+	BSFL DX, DX
+	ADDQ DX, AX
+	VMOVSS (SI)(AX*4), X5 // max, sign kept
+	MOVL $0xc2fe0000, DX // -127.0
+	VMOVD DX, X6
+	VDIVSS X5, X6, X6 // iscale = -127/max
+	MOVL $0x3f800000, DX // 1.0
+	VMOVD DX, X7
+	VDIVSS X6, X7, X7 // d = 1/iscale
+	VMOVSS X7, (R8)
+	VBROADCASTSS X6, Y6
+	XORQ AX, AX
+	MOVQ DI, R10
+qky_chunk:
+	VMULPS 0(SI)(AX*1), Y6, Y0
+	VCVTPS2DQ Y0, Y0
+	VPMINSD Y14, Y0, Y0
+	VMULPS 32(SI)(AX*1), Y6, Y1
+	VCVTPS2DQ Y1, Y1
+	VPMINSD Y14, Y1, Y1
+	VMULPS 64(SI)(AX*1), Y6, Y2
+	VCVTPS2DQ Y2, Y2
+	VPMINSD Y14, Y2, Y2
+	VMULPS 96(SI)(AX*1), Y6, Y3
+	VCVTPS2DQ Y3, Y3
+	VPMINSD Y14, Y3, Y3
+	VPADDD Y1, Y0, Y4
+	VPADDD Y3, Y2, Y5
+	VPHADDD Y5, Y4, Y4
+	VPHADDD Y4, Y4, Y4
+	VEXTRACTI128 $1, Y4, X5
+	VPADDD X5, X4, X4 // the two sums of 16 in dwords 0, 1
+	VPACKSSDW X4, X4, X4
+	VMOVD X4, (R9)
+	ADDQ $4, R9
+	VPACKSSDW Y1, Y0, Y0
+	VPACKSSDW Y3, Y2, Y2
+	VPACKSSWB Y2, Y0, Y0
+	VEXTRACTI128 $1, Y0, X1
+	LEAQ (R10)(R12*4), DX
+	VMOVD X0, (R10)
+	VPEXTRD $1, X0, (R10)(R12*2)
+	VPEXTRD $2, X0, (DX)
+	VPEXTRD $3, X0, (DX)(R12*2)
+	VMOVD X1, (R10)(R12*1)
+	VPEXTRD $1, X1, (R10)(R13*1)
+	VPEXTRD $2, X1, (DX)(R12*1)
+	VPEXTRD $3, X1, (DX)(R13*1)
+	LEAQ (R10)(R12*8), R10
+	ADDQ $128, AX
+	CMPQ AX, $1024
+	JL qky_chunk
+	JMP qky_next
+qky_zero:
+	MOVL $0, (R8)
+	VPXOR Y0, Y0, Y0
+	VMOVDQU Y0, (R9)
+	ADDQ $32, R9
+	MOVQ DI, R10
+	MOVQ $64, AX
+qky_zeroq:
+	MOVL $0, (R10)
+	ADDQ R12, R10
+	DECQ AX
+	JNZ qky_zeroq
+qky_next:
+	ADDQ $1024, SI
+	MOVQ R12, AX
+	SHLQ $6, AX
+	ADDQ AX, DI
+	ADDQ R12, R8
+	DECQ CX
+	JNZ qky_block
+qky_done:
+	VZEROUPPER
+	RET
+

@@ -3,7 +3,10 @@ package kernels
 import (
 	"encoding/binary"
 	"math"
+	"slices"
 	"testing"
+
+	"github.com/pagewarden/pagewarden/internal/quant"
 )
 
 // FuzzVecKernels: the element-wise kernels of every tier agree with the
@@ -11,9 +14,10 @@ import (
 // Inf, subnormals, exp's whole range; fp16 patterns for axpy-F16) at every
 // length and tail, and write nothing outside dst. Tolerances are the
 // differential tests': one fused rounding for axpy, 6 ulps for SiLU, 3 for
-// softmax; two NaNs are equal. The Q8_0 activation quantisers must match
-// exactly on every finite row (activations are never NaN or Inf; what a
-// quantiser makes of those is left open).
+// softmax; two NaNs are equal. The Q8_0 and Q8_K activation quantisers
+// must match exactly on every finite row (activations are never NaN or
+// Inf, nor blocks of magnitude below 1e-36; what a quantiser makes of
+// those is left open).
 func FuzzVecKernels(f *testing.F) {
 	f.Add([]byte("\x00\x00\x80\x3f\x00\x00\x00\xc0\xff\xff\xff\x7f\x00\x00\x80\x7f some more bytes to fill a vector or two"), uint32(0x3f800000))
 	f.Add(make([]byte, 4*37), uint32(0xbf000000))
@@ -85,6 +89,18 @@ func FuzzVecKernels(f *testing.F) {
 					act[i] = v
 				}
 			}
+			// A block too small for 127/amax to be finite is outside
+			// the domain (see quantKRows): zero it.
+			for b := 0; b < nb; b++ {
+				blk := act[b*qk8 : (b+1)*qk8]
+				var amax float64
+				for _, v := range blk {
+					amax = max(amax, math.Abs(float64(v)))
+				}
+				if amax < 1e-36 {
+					clear(blk)
+				}
+			}
 			width := 1 + int(abits%8)
 			row := int(abits>>3) % width
 			wq, wd, wc := make([]int8, nb*qk8*width), make([]float32, nb*width), make([]int32, nb*width)
@@ -100,6 +116,35 @@ func FuzzVecKernels(f *testing.F) {
 				for b := range wd {
 					if !sameBits(gd[b], wd[b]) || gc[b] != wc[b] {
 						t.Fatalf("%s: block %d: d %g c %d, reference d %g c %d", v.name, b, gd[b], gc[b], wd[b], wc[b])
+					}
+				}
+			}
+		}
+		if n > 0 {
+			// Q8_K: one super-block made of the finite values, repeated
+			// (blocks too small for iscale to be finite are outside the
+			// domain: see quantKRows).
+			act := make([]float32, qkK)
+			var amax float64
+			for i := range act {
+				if v := raw[i%n]; !math.IsNaN(float64(v)) && !math.IsInf(float64(v), 0) {
+					act[i] = v
+					amax = max(amax, math.Abs(float64(v)))
+				}
+			}
+			if amax != 0 && amax < 1e-36 {
+				clear(act)
+			}
+			width := 1 + 3*int(abits%2)
+			row := int(abits>>1) % width
+			for _, typ := range []quant.Type{quant.Q4_K, quant.Q6_K} {
+				wq, wd, wp := make([]int8, qkK*width), make([]float32, width), make([]int32, 8*width)
+				quantizeQ8KPacked(typ, act, width, row, wq, wd, wp)
+				for _, v := range quantKVariants[1:] {
+					gq, gd, gp := make([]int8, qkK*width), make([]float32, width), make([]int32, 8*width)
+					v.fn(typ, act, width, row, gq, gd, gp)
+					if !slices.Equal(gq, wq) || !sameBits(gd[row], wd[row]) || !slices.Equal(gp, wp) {
+						t.Fatalf("%s %s: Q8_K quantisation differs from the reference", v.name, typ)
 					}
 				}
 			}
