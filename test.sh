@@ -50,6 +50,13 @@ else
   echo "note: promtool not found; the alert rules are checked only by deploy/monitoring's Go test"
 fi
 
+# The multi-host test makes network namespaces with ip (iproute2); it runs
+# where that and root with CAP_NET_ADMIN are there, and says SKIPPED where not.
+if ! command -v ip >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iproute2) >/dev/null 2>&1 ||
+    echo "note: could not install iproute2 (Debian package); the multi-host network-namespace test will be skipped"
+fi
+
 echo "== go test ./..."
 go test -count=1 -timeout 20m ./...
 echo "== go test -tags pw_mutants (positive controls that re-introduce bugs through build-tagged hooks)"

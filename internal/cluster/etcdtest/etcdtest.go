@@ -1,7 +1,7 @@
 // Package etcdtest runs a real etcd server inside a test process
-// (go.etcd.io/etcd/server/v3/embed): one member on 127.0.0.1, random
-// ports, its data in the test's temporary directory, stopped by the
-// test's cleanup. It also offers a TCP proxy in front of it that a test
+// (go.etcd.io/etcd/server/v3/embed): one member on 127.0.0.1 (or a host
+// it is given), random ports, its data in the test's temporary directory,
+// stopped by the test's cleanup. It also offers a TCP proxy in front of it that a test
 // can cut, as a network partition between one node and etcd would.
 //
 // Only tests import it: a binary that does not gets no etcd server.
@@ -28,6 +28,9 @@ type TLS struct {
 // Options configure a server; the zero value is a plain one.
 type Options struct {
 	TLS *TLS
+	// Host is the address it listens on (default 127.0.0.1): another one
+	// lets processes in other network namespaces reach it.
+	Host string
 }
 
 // Server is a running etcd.
@@ -57,8 +60,12 @@ func Start(t testing.TB, o Options) *Server {
 			cfg.ClientTLSInfo.TrustedCAFile, cfg.ClientTLSInfo.ClientCertAuth = o.TLS.ClientCA, true
 		}
 	}
-	client := url.URL{Scheme: scheme, Host: "127.0.0.1:0"}
-	peer := url.URL{Scheme: "http", Host: "127.0.0.1:0"}
+	host := o.Host
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	client := url.URL{Scheme: scheme, Host: net.JoinHostPort(host, "0")}
+	peer := url.URL{Scheme: "http", Host: net.JoinHostPort(host, "0")}
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
 	cfg.InitialCluster = cfg.Name + "=" + peer.String()
