@@ -46,6 +46,10 @@ type Matrix struct {
 	// Q4_1 and Q5_1: each block's fp16 min as float32, block-major
 	// (matrix_ext.go); their quants are in qw/qd, block-major too.
 	qm []float32
+	// Q5_K: values and scales in kw as Q6_K records, block-major; each
+	// super-block's dmin (float32) and 6-bit mins alongside (matrix_ext.go).
+	kdmin []float32
+	kmins []uint8
 	// Types products take in plain Go over the GGML bytes (matrix_ext.go).
 	raw []byte
 }
@@ -223,7 +227,7 @@ func MatMul(p *Pool, dst []float32, m *Matrix, x []float32, n int) {
 		})
 		return
 	}
-	if m.raw != nil || m.qm != nil {
+	if m.raw != nil || m.qm != nil || m.kmins != nil {
 		m.mulExt(p, dst, x, n)
 		return
 	}

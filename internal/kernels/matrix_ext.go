@@ -26,8 +26,16 @@ import (
 //     rows at a time; the min term and the running sum are added in Go in
 //     ggml's order. Bit-identical again, at the price of a call and a few
 //     float operations per block and row.
-//   - Q5_K, Q3_K, Q2_K and IQ4_XS keep their GGML bytes and take the plain
-//     Go reference products row by row (no repacked kernel yet).
+//   - Q5_K (values 0..31, 6-bit scales and mins per 32 values) is repacked
+//     as Q6_K records (kgemm.go: values as bytes, one int8 scale per 16
+//     values, fp16 d), block-major, with each super-block's dmin and mins
+//     alongside. One call of the Q6_K tile kernel per super-block gives
+//     d_w*d_x * sum(scale_j * q.q8) for up to 16 groups of rows; Go
+//     subtracts dmin*d_x * sum(min_j * bsum_j) (the activation's pair sums
+//     of the Q6_K layout are the per-32 sums it needs) and adds to the
+//     running sum: dotQ5KRef bit for bit.
+//   - Q3_K, Q2_K and IQ4_XS keep their GGML bytes and take the plain Go
+//     reference products row by row (no repacked kernel yet).
 
 // Supports reports whether NewMatrix accepts weights of type t.
 func Supports(t quant.Type) bool {
@@ -55,6 +63,9 @@ func (m *Matrix) prepareExt(data []byte) {
 	case quant.Q4_1, quant.Q5_1:
 		m.kind = quant.Q8_0
 		m.repackAsQ8(data, true)
+	case quant.Q5_K:
+		m.kind = quant.Q6_K
+		m.repackQ5K(data)
 	default:
 		m.raw = slices.Clone(data)
 	}
@@ -135,6 +146,8 @@ func (m *Matrix) rowExt(r int, dst []float32) {
 		if err := quant.Dequantize(m.typ, m.raw[r*m.rowBytes:(r+1)*m.rowBytes], dst); err != nil {
 			panic("kernels: Matrix.Row: " + err.Error())
 		}
+	case m.kmins != nil:
+		m.rowQ5K(r, dst)
 	case m.qm != nil:
 		nb := m.cols / qk8
 		groups := (m.rows + qRows - 1) / qRows
@@ -154,11 +167,14 @@ func (m *Matrix) rowExt(r int, dst []float32) {
 
 // mulExt is MatMul for the Q4_1/Q5_1 and plain-Go types.
 func (m *Matrix) mulExt(p *Pool, dst []float32, x []float32, n int) {
-	if m.raw != nil {
+	switch {
+	case m.raw != nil:
 		m.mulRaw(p, dst, x, n)
-		return
+	case m.kmins != nil:
+		m.mulQ5K(p, dst, x, n)
+	default:
+		m.mulQ1(p, dst, x, n)
 	}
-	m.mulQ1(p, dst, x, n)
 }
 
 // mulQ1 computes a Q4_1/Q5_1 product: Q8_1 activations (packed Q8_0 plus
@@ -254,8 +270,6 @@ func (m *Matrix) mulRaw(p *Pool, dst []float32, x []float32, n int) {
 				xq, xd, bs := a.q[i*cols:(i+1)*cols], a.d[i*nb:(i+1)*nb], a.bs[i*nb*16:(i+1)*nb*16]
 				var v float32
 				switch m.typ {
-				case quant.Q5_K:
-					v = dotQ5KRef(row, xq, xd, bs)
 				case quant.Q3_K:
 					v = dotQ3KRef(row, xq, xd)
 				case quant.Q2_K:
@@ -264,6 +278,124 @@ func (m *Matrix) mulRaw(p *Pool, dst []float32, x []float32, n int) {
 					v = dotIQ4XSRef(row, xq, xd)
 				}
 				dst[i*rows+r] = v
+			}
+		}
+	})
+}
+
+// repackQ5K writes Q5_K rows as Q6_K records (value+32 as bytes, the 6-bit
+// scale of each 32 values as the int8 scale of both its 16-value groups,
+// d), block-major: record (s*groups+g) holds super-block s of group g.
+func (m *Matrix) repackQ5K(data []byte) {
+	nb := m.cols / qkK
+	groups := (m.rows + qRows - 1) / qRows
+	m.kw = make([]byte, groups*nb*k6RecBytes)
+	m.kdmin = make([]float32, groups*nb*qRows)
+	m.kmins = make([]uint8, groups*nb*qRows*8)
+	for r := 0; r < m.rows; r++ {
+		g, rr := r/qRows, r%qRows
+		row := data[r*m.rowBytes : (r+1)*m.rowBytes]
+		for s := 0; s < nb; s++ {
+			blk := row[s*176 : (s+1)*176]
+			rec := (s*groups + g)
+			dst := m.kw[rec*k6RecBytes : (rec+1)*k6RecBytes]
+			for k := 0; k < qkK; k++ {
+				dst[(k/4)*64+rr*4+k%4] = byte(q5KValue(blk, k) + 32)
+			}
+			for j := 0; j < 8; j++ {
+				sc, mn := q4KScaleMin(j, blk[4:16])
+				dst[4096+j*32+rr*2] = sc   // group 2j
+				dst[4096+j*32+rr*2+1] = sc // group 2j+1
+				m.kmins[(rec*qRows+rr)*8+j] = mn
+			}
+			copy(dst[4352+rr*2:4352+rr*2+2], blk[0:2])
+			m.kdmin[rec*qRows+rr] = f16ToF32(binary.LittleEndian.Uint16(blk[2:]))
+		}
+	}
+}
+
+// rowQ5K dequantises row r of a repacked Q5_K matrix with
+// dequantize_row_q5_K's arithmetic.
+func (m *Matrix) rowQ5K(r int, dst []float32) {
+	nb := m.cols / qkK
+	groups := (m.rows + qRows - 1) / qRows
+	g, rr := r/qRows, r%qRows
+	for s := 0; s < nb; s++ {
+		rec := s*groups + g
+		src := m.kw[rec*k6RecBytes : (rec+1)*k6RecBytes]
+		d := f16ToF32(binary.LittleEndian.Uint16(src[4352+rr*2:]))
+		dmin := m.kdmin[rec*qRows+rr]
+		for j := 0; j < 8; j++ {
+			dj := d * float32(src[4096+j*32+rr*2])
+			mj := dmin * float32(m.kmins[(rec*qRows+rr)*8+j])
+			for l := 0; l < 32; l++ {
+				k := 32*j + l
+				v := int32(src[(k/4)*64+rr*4+k%4]) - 32
+				dst[s*qkK+k] = float32(dj*float32(v)) - mj
+			}
+		}
+	}
+}
+
+// mulQ5K computes a Q5_K product: Q8_K activations packed for Q6_K weights,
+// one Q6_K tile call per super-block and chunk of groups, then
+// acc += tile - dmin*d_x*msum per super-block, as dotQ5KRef.
+func (m *Matrix) mulQ5K(p *Pool, dst []float32, x []float32, n int) {
+	rows, cols := m.rows, m.cols
+	nb := cols / qkK
+	groups := (rows + qRows - 1) / qRows
+	a := actsPool.Get().(*acts)
+	defer a.release()
+	a.prepare(p, quant.Q6_K, x, n, cols)
+	w := a.w
+	ag := (n + w - 1) / w
+	grain := max(1, minShareMACs/(qRows*cols*n))
+	p.RunGrain(groups, grain, func(lo, hi int) {
+		var out, acc [q1GroupChunk * qRows * 4]float32
+		for c0 := lo; c0 < hi; c0 += q1GroupChunk {
+			c1 := min(hi, c0+q1GroupChunk)
+			ng := c1 - c0
+			for gi := 0; gi < ag; gi++ {
+				accs := acc[:ng*w*qRows]
+				clear(accs)
+				for s := 0; s < nb; s++ {
+					rec := s*groups + c0
+					ab := (gi*nb + s) * w
+					xp := a.c[ab*8 : (ab+w)*8]
+					kTileImpl(quant.Q6_K, w, ng, m.kw[rec*k6RecBytes:(rec+ng)*k6RecBytes],
+						a.q[ab*qkK:(ab+w)*qkK], a.d[ab:ab+w], xp, out[:ng*w*qRows])
+					for i := 0; i < w; i++ {
+						// The activation's per-32 sums: the two 16-value
+						// sums of Q6_K pair j.
+						var bs [8]int32
+						for j := range bs {
+							pr := uint32(xp[j*w+i])
+							bs[j] = int32(int16(pr)) + int32(int16(pr>>16))
+						}
+						xd := a.d[ab+i]
+						for g := 0; g < ng; g++ {
+							o := (g*w + i) * qRows
+							base := (rec + g) * qRows
+							for r := 0; r < qRows; r++ {
+								mn := m.kmins[(base+r)*8 : (base+r)*8+8]
+								var msum int32
+								for j, v := range mn {
+									msum += int32(v) * bs[j]
+								}
+								dmin := float32(m.kdmin[base+r] * xd)
+								accs[o+r] += out[o+r] - float32(dmin*float32(msum))
+							}
+						}
+					}
+				}
+				for g := 0; g < ng; g++ {
+					r0 := (c0 + g) * qRows
+					nr := min(qRows, rows-r0)
+					for i := 0; i < w && gi*w+i < n; i++ {
+						o := (gi*w+i)*rows + r0
+						copy(dst[o:o+nr], accs[(g*w+i)*qRows:(g*w+i)*qRows+nr])
+					}
+				}
 			}
 		}
 	})

@@ -11,7 +11,8 @@ import (
 // multiple of 256) and the remaining K and IQ4 types. Each is ggml's
 // generic (scalar) ggml_vec_dot_<type>_<vec_dot_type> step for step, over
 // GGML's own row layout, with an explicit float32 conversion wherever C
-// rounds; testdata/ggml-vecdot-ref.bin holds ggml's own results for them.
+// rounds (except Q5_K, summed as Q4_K is: see dotQ5KRef);
+// testdata/ggml-vecdot-ref.bin holds ggml's own results for them.
 // MatMul reaches the same bits through repacked weights where it has a
 // fast path (matrix_ext.go).
 
@@ -125,8 +126,8 @@ func dotIQ4NLRef(row []byte, xq []int8, xd []float32) float32 {
 	return acc
 }
 
-// laneSums is ggml's eight-lane accumulation in the generic Q3_K/Q5_K dot
-// products: lane l holds the products of the elements at positions l mod 8,
+// laneSums is ggml's eight-lane accumulation in the generic Q3_K dot
+// product: lane l holds the products of the elements at positions l mod 8,
 // and each super-block adds d*lane to a float lane sum.
 type laneSums [8]float32
 
@@ -136,34 +137,36 @@ func (s *laneSums) add(d float32, aux *[8]int32) {
 	}
 }
 
-// dotQ5KRef is ggml_vec_dot_q5_K_q8_K over one Q5_K row (176-byte blocks:
-// fp16 d, fp16 dmin, 12 scale bytes as Q4_K, qh[32], qs[128]).
+// dotQ5KRef is the Q5_K product (176-byte blocks: fp16 d, fp16 dmin, 12
+// scale bytes as Q4_K, qh[32], qs[128]) with Q8_K activations, in the
+// per-super-block form of dotQ4KRef: d_w*d_x * sum(scale_j * q.q8) -
+// dmin*d_x * sum(min_j * bsums), added to the running sum block by block.
+// The integer sums are ggml's exactly; ggml's generic code spreads the
+// first over eight float lanes instead (and its x86 code over vector
+// lanes), so the result is within float rounding of ggml's, not bit-equal
+// (TestExtDotMatchesGGML bounds the difference). This form is what the
+// repacked kernel (mulQ5K) can reproduce bit for bit.
 func dotQ5KRef(row []byte, xq []int8, xd []float32, xbs []int16) float32 {
 	nb := len(xd)
 	row, xq, xbs = row[:nb*176], xq[:nb*qkK], xbs[:nb*16]
-	var sums laneSums
-	var sumf float32
+	var acc float32
+	var a [qkK]int8
 	for b := 0; b < nb; b++ {
 		blk := row[b*176 : (b+1)*176]
-		xb := xq[b*qkK : (b+1)*qkK]
-		var aux [8]int32
-		var summ int32
+		for k := range a {
+			a[k] = int8(q5KValue(blk, k))
+		}
+		var isum, msum int32
 		for j := 0; j < 8; j++ {
 			sc, m := q4KScaleMin(j, blk[4:16])
-			summ += int32(m) * (int32(xbs[b*16+2*j]) + int32(xbs[b*16+2*j+1]))
-			for l := 0; l < 32; l++ {
-				aux[l%8] += int32(sc) * q5KValue(blk, 32*j+l) * int32(xb[32*j+l])
-			}
+			msum += int32(m) * (int32(xbs[b*16+2*j]) + int32(xbs[b*16+2*j+1]))
+			isum += int32(sc) * dot32i8((*[32]int8)(a[32*j:]), (*[32]int8)(xq[b*qkK+32*j:]))
 		}
 		d := float32(f16ToF32(binary.LittleEndian.Uint16(blk)) * xd[b])
-		sums.add(d, &aux)
 		dmin := float32(f16ToF32(binary.LittleEndian.Uint16(blk[2:])) * xd[b])
-		sumf -= float32(dmin * float32(summ))
+		acc += float32(d*float32(isum)) - float32(dmin*float32(msum))
 	}
-	for _, v := range sums {
-		sumf += v
-	}
-	return sumf
+	return acc
 }
 
 // q5KValue is value k (0..255) of a Q5_K block: nibble as in Q4_K (values
