@@ -29,22 +29,23 @@ const (
 func fixedMap() sched.PageMap {
 	id := request.ID{1, 2, 3}
 	acme := request.Owner{Tenant: "acme", ID: id}
-	cell := func(st kvcache.PageState, o request.Owner, seq, epoch uint64, filled, refs int, cached, transfer bool) sched.PageCell {
-		return sched.PageCell{PageInfo: kvcache.PageInfo{State: st, Owner: o, Seq: seq, Epoch: epoch, Filled: filled, Refs: refs, Cached: cached}, InTransfer: transfer}
+	cell := func(st kvcache.PageState, o request.Owner, seq, epoch uint64, filled, refs int, cached bool) kvcache.PageInfo {
+		return kvcache.PageInfo{State: st, Owner: o, Seq: seq, Epoch: epoch, Filled: filled, Refs: refs, Cached: cached}
 	}
 	return sched.PageMap{
 		PageSize: 4,
-		Pages: []sched.PageCell{
-			cell(kvcache.PageOwned, acme, 7, 11, 4, 0, false, false),
-			cell(kvcache.PageShared, request.Owner{Tenant: "acme"}, 0, 3, 4, 2, true, false),
-			cell(kvcache.PageShared, request.Owner{Tenant: "beta"}, 0, 5, 4, 0, true, false),
-			cell(kvcache.PageOwned, request.Owner{Tenant: "beta", ID: request.ID{9}}, 8, 12, 0, 0, false, true),
-			cell(kvcache.PageQuarantined, acme, 7, 10, 2, 0, false, false),
+		Pages: []kvcache.PageInfo{
+			cell(kvcache.PageOwned, acme, 7, 11, 4, 0, false),
+			cell(kvcache.PageShared, request.Owner{Tenant: "acme"}, 0, 3, 4, 2, true),
+			cell(kvcache.PageShared, request.Owner{Tenant: "beta"}, 0, 5, 4, 0, true),
+			cell(kvcache.PageOwned, request.Owner{Tenant: "beta", ID: request.ID{9}}, 8, 12, 0, 0, false),
+			cell(kvcache.PageQuarantined, acme, 7, 10, 2, 0, false),
 			{},
 		},
-		Tenants: []sched.TenantLoad{{Tenant: "acme", Pages: 2, Running: 1}, {Tenant: "beta", Pages: 2, Queued: 3}},
-		Core:    sched.Stats{Queued: 3, Running: 1, OwnerMismatches: 1},
-		Pool:    kvcache.Stats{QuarantinedPages: 1, Violations: 2},
+		InTransfer: []kvcache.PageID{4},
+		Tenants:    []sched.TenantLoad{{Tenant: "acme", Pages: 2, Running: 1}, {Tenant: "beta", Pages: 2, Queued: 3}},
+		Core:       sched.Stats{Queued: 3, Running: 1, OwnerMismatches: 1},
+		Pool:       kvcache.Stats{QuarantinedPages: 1, Violations: 2},
 	}
 }
 

@@ -118,11 +118,12 @@ type namedMap struct {
 func (p PagesView) untimed() PagesView     { p.Time = time.Time{}; return p }
 func (t TenantsView) untimed() TenantsView { t.Time = time.Time{}; return t }
 
-// CellState is the page map's state of one page.
-func CellState(c sched.PageCell) string {
+// CellState is the page map's state of a page with ledger entry c,
+// inTransfer when a handoff is still importing into it.
+func CellState(c kvcache.PageInfo, inTransfer bool) string {
 	switch c.State {
 	case kvcache.PageOwned:
-		if c.InTransfer {
+		if inTransfer {
 			return CellTransfer
 		}
 		return CellOwned
@@ -153,8 +154,13 @@ func build(now time.Time, maps []namedMap) *state {
 		} else {
 			m := nm.m
 			np.PageSize, np.TotalPages = m.PageSize, len(m.Pages)
+			transfer := m.InTransfer // sorted: walked beside the pages
 			for i, c := range m.Pages {
-				s := CellState(c)
+				id := kvcache.PageID(i + 1)
+				for len(transfer) > 0 && transfer[0] < id {
+					transfer = transfer[1:]
+				}
+				s := CellState(c, len(transfer) > 0 && transfer[0] == id)
 				np.Counts[s]++
 				if s == CellFree {
 					continue

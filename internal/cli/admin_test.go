@@ -16,6 +16,7 @@ import (
 
 	"github.com/pagewarden/pagewarden/internal/admin"
 	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
+	"github.com/pagewarden/pagewarden/internal/kvcache"
 	"github.com/pagewarden/pagewarden/internal/link"
 	"github.com/pagewarden/pagewarden/internal/sched"
 	"github.com/pagewarden/pagewarden/internal/transfer"
@@ -130,7 +131,7 @@ func TestAdminCommand(t *testing.T) {
 	scrubbed := 0
 	srv, err := admin.New(admin.Config{
 		Pools: []admin.Pool{{Name: "node", Map: func(context.Context) (sched.PageMap, error) {
-			return sched.PageMap{PageSize: 4, Pages: make([]sched.PageCell, 3), Tenants: []sched.TenantLoad{{Tenant: "acme", Running: 1}}}, nil
+			return sched.PageMap{PageSize: 4, Pages: make([]kvcache.PageInfo, 3), Tenants: []sched.TenantLoad{{Tenant: "acme", Running: 1}}}, nil
 		}}},
 		KeySHA256: [][32]byte{sha256.Sum256([]byte(key))},
 		Scrub:     func(context.Context) (int, error) { scrubbed++; return 2, nil },

@@ -308,6 +308,9 @@ func (p *Pool) info(pg *page) PageInfo {
 // by the goroutine that drives the pool, so the picture it gives is of one
 // moment between two steps. Pass the previous result to reuse its memory.
 func (p *Pool) Snapshot(dst []PageInfo) []PageInfo {
+	if cap(dst) < p.total {
+		dst = make([]PageInfo, 0, p.total) // one allocation, not a doubling series
+	}
 	dst = dst[:0]
 	for id := 1; id <= p.total; id++ {
 		dst = append(dst, p.info(&p.ledger[id]))
