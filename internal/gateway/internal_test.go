@@ -7,6 +7,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"github.com/pagewarden/pagewarden/internal/grammar"
 	"github.com/pagewarden/pagewarden/internal/request"
 	"pgregory.net/rapid"
 )
@@ -106,6 +107,9 @@ func FuzzChatRequest(f *testing.F) {
 		`{"messages":[{"role":"user","content":"x"}],"logit_bias":{"5":-100,"07":3},"stop_token_ids":[3],"ignore_eos":true,"presence_penalty":-2}`,
 		`{"messages":[{"role":"user","content":"x"}],"tool_choice":"none","response_format":{"type":"text"},"modalities":["text"],"n":1.0}`,
 		`{"messages":[],"n":2}`, `[]`, `{"messages":[{"role":"user","content":"\ud800"}]}`, "{\"messages\":\"\xff\"}",
+		`{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"a","strict":true,"schema":{"type":"object","properties":{"a":{"enum":[1,"b"]}},"required":["a"],"additionalProperties":false}}}}`,
+		`{"messages":[{"role":"user","content":"x"}],"guided_json":"{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/x\"},\"$defs\":{\"x\":{\"type\":[\"string\",\"null\"]}}}"}`,
+		`{"messages":[{"role":"user","content":"x"},{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"c","content":"r"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"tool_choice":"required","parallel_tool_calls":false}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -131,9 +135,17 @@ func FuzzChatRequest(f *testing.F) {
 			}
 		}
 		for _, m := range msgs {
-			if m.Role != "system" && m.Role != "user" && m.Role != "assistant" {
+			if m.Role != "system" && m.Role != "user" && m.Role != "assistant" && m.Role != "tool" {
 				t.Fatalf("role %q", m.Role)
 			}
+			if m.Role == "tool" && m.ToolCallID == "" || m.Role != "assistant" && m.ToolCalls != nil {
+				t.Fatalf("message %+v", m)
+			}
+		}
+		// A constraint comes with the field it came from, and a tool call
+		// is a ToolCall grammar.
+		if (g.sampling.Grammar != nil) != (g.constraint != "") || g.toolCall && g.sampling.Grammar.Spec().Kind != grammar.ToolCall {
+			t.Fatalf("constraint %v from %q, tool call %v", g.sampling.Grammar, g.constraint, g.toolCall)
 		}
 	})
 }
