@@ -339,10 +339,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) {
 	lastWrite := time.Now()
 	for {
 		if st := s.current(r.Context()); r.Context().Err() == nil {
-			body, _ := json.Marshal(StateEvent{Pages: st.Pages, Tenants: st.Tenants})
-			// Compared without the time stamps, which always change: an
-			// idle node sends nothing but keep-alives.
-			key, _ := json.Marshal(StateEvent{Pages: st.Pages.untimed(), Tenants: st.Tenants.untimed()})
+			body, key := st.encoded()
 			if !bytes.Equal(key, sent) {
 				if writeEvent(w, "state", "", body) != nil {
 					return

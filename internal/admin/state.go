@@ -2,7 +2,9 @@ package admin
 
 import (
 	"cmp"
+	"encoding/json"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/pagewarden/pagewarden/internal/kvcache"
@@ -107,6 +109,21 @@ type state struct {
 	taken   time.Time
 	Pages   PagesView
 	Tenants TenantsView
+
+	once      sync.Once
+	body, key []byte // encoded: see encoded
+}
+
+// encoded is the state event's data, and the same without the time stamps
+// (which always change), by which a stream tells whether anything did: an
+// idle node then sends nothing but keep-alives. Encoded once per state,
+// whichever stream asks first.
+func (st *state) encoded() (body, key []byte) {
+	st.once.Do(func() {
+		st.body, _ = json.Marshal(StateEvent{Pages: st.Pages, Tenants: st.Tenants})
+		st.key, _ = json.Marshal(StateEvent{Pages: st.Pages.untimed(), Tenants: st.Tenants.untimed()})
+	})
+	return st.body, st.key
 }
 
 type namedMap struct {
