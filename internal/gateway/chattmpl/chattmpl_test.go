@@ -143,7 +143,7 @@ func TestErrors(t *testing.T) {
 	}{
 		{`{% include "/etc/passwd" %}`, ErrUnsupported},
 		{`{% extends "base" %}`, ErrUnsupported},
-		{`{% macro m() %}{% endmacro %}`, ErrUnsupported},
+		{`{% call m() %}{% endcall %}`, ErrUnsupported},
 		{`{% if x %}`, ErrSyntax},
 		{`{{ x `, ErrSyntax},
 		{`{{ "unterminated }}`, ErrSyntax},

@@ -12,6 +12,8 @@
 // Supported: {{ }}, {% if/elif/else %}, {% for x in y [if c] %} with
 // else, loop.index/index0/revindex/revindex0/first/last/length/previtem/
 // nextitem, {% set %} (including namespace attributes), break/continue,
+// {% macro %} (parameters with defaults, called by position or name,
+// recursion bounded),
 // {% generation %} blocks (transparent), comments, whitespace control
 // (- and +), literals (strings, numbers, lists, dicts, tuples, booleans,
 // none), arithmetic, ~, comparisons, in, and/or/not, conditional

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -65,10 +66,14 @@ func (s *scope) lookup(name string) (any, bool) {
 
 type renderer struct {
 	t      *Template
-	out    strings.Builder
+	out    *strings.Builder
 	steps  int
 	limits Limits
+	calls  int // macro calls in progress, bounded by maxMacroDepth
 }
+
+// maxMacroDepth bounds nested (and recursive) macro calls.
+const maxMacroDepth = 64
 
 // Loop control travels as an error value through the body being run.
 var (
@@ -79,7 +84,7 @@ var (
 // Execute renders the template with vars (nil, bool, int, float64, string,
 // []any, []string, map[string]any and *Dict values).
 func (t *Template) Execute(vars map[string]any) (string, error) {
-	r := &renderer{t: t, limits: t.Limits}
+	r := &renderer{t: t, limits: t.Limits, out: &strings.Builder{}}
 	if r.limits.MaxSteps <= 0 {
 		r.limits.MaxSteps = 1_000_000
 	}
@@ -181,6 +186,8 @@ func (r *renderer) run(body []node, sc *scope) error {
 				return fmt.Errorf("%w: can only set attributes of a namespace", ErrRender)
 			}
 			d.Set(n.attr, v)
+		case *macroNode:
+			sc.vars[n.name] = r.macro(n, sc)
 		case *breakNode:
 			return errBreak
 		case *continueNode:
@@ -188,6 +195,55 @@ func (r *renderer) run(body []node, sc *scope) error {
 		}
 	}
 	return nil
+}
+
+// macro makes a macro's function: called, it binds the arguments
+// (positional, then by name, then the defaults, evaluated in the defining
+// scope; a missing one is undefined, as in Jinja2) in a scope of its own
+// above the one it was defined in, and returns what its body writes.
+func (r *renderer) macro(n *macroNode, def *scope) function {
+	return func(r *renderer, args []any, kw map[string]any) (any, error) {
+		if len(args) > len(n.params) {
+			return nil, fmt.Errorf("%w: macro %s takes %d arguments, got %d", ErrRender, n.name, len(n.params), len(args))
+		}
+		r.calls++
+		defer func() { r.calls-- }()
+		if r.calls > maxMacroDepth {
+			return nil, fmt.Errorf("%w: macro calls nested deeper than %d", ErrLimit, maxMacroDepth)
+		}
+		sc := &scope{vars: make(map[string]any, len(n.params)), parent: def}
+		for i, name := range n.params {
+			switch v, ok := kw[name]; {
+			case i < len(args):
+				sc.vars[name] = args[i]
+			case ok:
+				sc.vars[name] = v
+			case n.defaults[i] != nil:
+				v, err := r.eval(n.defaults[i], def)
+				if err != nil {
+					return nil, err
+				}
+				sc.vars[name] = v
+			default:
+				sc.vars[name] = undefined{name}
+			}
+		}
+		for k := range kw {
+			if !slices.Contains(n.params, k) {
+				return nil, fmt.Errorf("%w: macro %s has no parameter %q", ErrRender, n.name, k)
+			}
+		}
+		outer := r.out
+		r.out = &strings.Builder{}
+		defer func() { r.out = outer }()
+		if err := r.run(n.body, sc); err != nil {
+			return nil, err
+		}
+		if outer.Len()+r.out.Len() > r.limits.MaxOutput {
+			return nil, fmt.Errorf("%w: output larger than %d bytes", ErrLimit, r.limits.MaxOutput)
+		}
+		return r.out.String(), nil
+	}
 }
 
 func (r *renderer) runFor(n *forNode, sc *scope) error {

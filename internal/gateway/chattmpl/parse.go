@@ -30,6 +30,15 @@ type (
 	}
 	breakNode    struct{}
 	continueNode struct{}
+	// macroNode defines a macro: a function of its parameters (with
+	// default values where given) that renders its body and returns the
+	// text.
+	macroNode struct {
+		name     string
+		params   []string
+		defaults []expr // nil where a parameter has no default
+		body     []node
+	}
 )
 
 type expr interface{}
@@ -286,6 +295,46 @@ func (p *parser) parseStmt(tag item) (node, error) {
 			return &breakNode{}, nil
 		}
 		return &continueNode{}, nil
+	case "macro":
+		name := p.next()
+		if name.kind != itemName {
+			return nil, syntaxErr(name.pos, "expected a macro name")
+		}
+		n := &macroNode{name: name.val}
+		if !p.isOp("(") {
+			return nil, syntaxErr(p.peek().pos, "expected '(' after the macro name")
+		}
+		p.next()
+		for !p.isOp(")") {
+			v := p.next()
+			if v.kind != itemName {
+				return nil, syntaxErr(v.pos, "expected a parameter name")
+			}
+			var def expr
+			if p.isOp("=") {
+				p.next()
+				var err error
+				if def, err = p.parseOr(); err != nil {
+					return nil, err
+				}
+			}
+			n.params, n.defaults = append(n.params, v.val), append(n.defaults, def)
+			if p.isOp(",") {
+				p.next()
+			} else if !p.isOp(")") {
+				return nil, syntaxErr(p.peek().pos, "expected ',' or ')'")
+			}
+		}
+		p.next() // ')'
+		if err := p.expectEnd(); err != nil {
+			return nil, err
+		}
+		body, _, err := p.parseBody("endmacro")
+		if err != nil {
+			return nil, err
+		}
+		n.body = body
+		return n, p.expectEnd()
 	case "generation", "endgeneration":
 		// Hugging Face's assistant-mask marker: no output of its own.
 		return nil, p.expectEnd()

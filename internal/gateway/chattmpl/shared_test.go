@@ -53,10 +53,6 @@ func messageOf(t *testing.T, raw json.RawMessage) Message {
 // interpreter does not render as Hugging Face does, and why. They are
 // skipped with the reason, loudly; the rest must match byte for byte.
 var notYet = map[string]string{
-	"CohereForAI-c4ai-command-r7b-12-2024-tool_use":         "{% macro %} is not supported",
-	"NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use":         "{% macro %} is not supported",
-	"NousResearch-Hermes-3-Llama-3.1-8B-tool_use":           "{% macro %} is not supported",
-	"meetkai-functionary-medium-v3.2":                       "{% macro %} is not supported",
 	"meetkai-functionary-medium-v3.1/tools":                 "Jinja2's Markup escaping (a string added to |safe text is HTML-escaped) is not modelled",
 	"meetkai-functionary-medium-v3.1/tool-call-string-args": "Jinja2's Markup escaping is not modelled",
 }
@@ -172,6 +168,39 @@ func TestFromJSON(t *testing.T) {
 	for _, bad := range []string{``, `{`, `[1] 2`, `{"a":}`, strings.Repeat("[", maxJSONDepth+2) + strings.Repeat("]", maxJSONDepth+2)} {
 		if _, err := FromJSON([]byte(bad)); err == nil {
 			t.Errorf("%q decoded", bad)
+		}
+	}
+}
+
+// TestMacros: parameters by position and name, defaults, undefined ones,
+// recursion, and the bounds (arguments, names, nesting).
+func TestMacros(t *testing.T) {
+	for _, tc := range []struct{ src, want string }{
+		{`{% macro g(a, b="x") %}[{{ a }}{{ b }}]{% endmacro %}{{ g(1) }}{{ g(2, b=3) }}{{ g(b=4, a=5) }}`, "[1x][23][54]"},
+		{`{% macro f(n) %}{% if n > 0 %}{{ n }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(3) }}`, "321"},
+		{`{% macro u(a) %}{{ a is defined }}{% endmacro %}{{ u() }}`, "False"},
+		{`{% set x = 7 %}{% macro v() %}{{ x }}{% endmacro %}{{ v() }}`, "7"},
+		{`{% macro w() %}inner{% endmacro %}a{{ w() | upper }}b`, "aINNERb"},
+	} {
+		tm, err := Parse(tc.src)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.src, err)
+		}
+		if got, err := tm.Execute(nil); err != nil || got != tc.want {
+			t.Errorf("%s: %q (%v), want %q", tc.src, got, err, tc.want)
+		}
+	}
+	for _, src := range []string{
+		`{% macro f(a) %}{% endmacro %}{{ f(1, 2) }}`,
+		`{% macro f(a) %}{% endmacro %}{{ f(b=1) }}`,
+		`{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}`,
+	} {
+		tm, err := Parse(src)
+		if err != nil {
+			t.Fatalf("%s: %v", src, err)
+		}
+		if _, err := tm.Execute(nil); err == nil {
+			t.Errorf("%s rendered", src)
 		}
 	}
 }
