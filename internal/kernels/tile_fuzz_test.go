@@ -89,3 +89,67 @@ func compareTile(t *testing.T, name string, typ quant.Type, width int, want, got
 		}
 	}
 }
+
+// FuzzGemmF32: the F32 products of every tier agree with one reference dot
+// per output (to the differential test's tolerance) on weights and
+// activations made of arbitrary bytes (finite float32 patterns; others are
+// mapped to small values), for shapes the bytes choose: tails of every
+// length, one to seven activation rows, row ranges that leave rows outside
+// the groups of four; nothing outside the range is written.
+func FuzzGemmF32(f *testing.F) {
+	f.Add(uint16(37), uint8(3), uint8(1), []byte("weights and activations from any bytes: 0123456789abcdef"))
+	f.Add(uint16(8), uint8(1), uint8(0), make([]byte, 64))
+	f.Fuzz(func(t *testing.T, cols16 uint16, nb, r0b uint8, data []byte) {
+		cols := 1 + int(cols16%1100)
+		n := 1 + int(nb%7)
+		if len(data) == 0 {
+			return
+		}
+		val := func(k int) float32 {
+			var b [4]byte
+			for j := range b {
+				b[j] = data[(4*k+j)%len(data)]
+			}
+			v := math.Float32frombits(uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24)
+			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) || math.Abs(float64(v)) > 1e15 || math.Abs(float64(v)) < 1e-15 {
+				return float32(int8(b[0]^byte(k))) / 16
+			}
+			return v
+		}
+		rows := 1 + len(data)%13
+		r0 := int(r0b) % rows
+		w := make([]float32, rows*cols)
+		for k := range w {
+			w[k] = val(k)
+		}
+		x := make([]float32, n*cols)
+		for k := range x {
+			x[k] = val(len(w) + 3*k)
+		}
+		ds := rows + 1
+		for _, v := range gemmF32Variants[1:] {
+			got, check := guarded(t, n*ds, int(nb)%3)
+			for i := range got {
+				got[i] = sentinel
+			}
+			v.fn(got, ds, w, cols, r0, rows, x, n)
+			check()
+			for i := 0; i < n; i++ {
+				for r := 0; r < ds; r++ {
+					g := got[i*ds+r]
+					if r < r0 || r >= rows {
+						if math.Float32bits(g) != math.Float32bits(sentinel) {
+							t.Fatalf("%s: wrote dst[%d][%d] outside rows [%d, %d)", v.name, i, r, r0, rows)
+						}
+						continue
+					}
+					wr, xi := w[r*cols:(r+1)*cols], x[i*cols:(i+1)*cols]
+					want := dotRef(xi, wr)
+					if math.Abs(float64(g-want)) > tolDot(wr, func(j int) float32 { return xi[j] }) {
+						t.Fatalf("%s cols %d n %d: dst[%d][%d] = %g, reference %g", v.name, cols, n, i, r, g, want)
+					}
+				}
+			}
+		}
+	})
+}
