@@ -150,6 +150,9 @@ type genParams struct {
 	// tool_calls.
 	tools    []any
 	toolCall bool
+	// toolAuto, for tool_choice "auto", names the functions whose calls
+	// are parsed out of the answer (nil otherwise).
+	toolAuto []string
 }
 
 // message is a validated chat message.

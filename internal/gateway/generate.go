@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/pagewarden/pagewarden/internal/gateway/chattmpl"
@@ -25,6 +26,11 @@ func (s *Server) chatCompletions(c *call) *apiError {
 		return e
 	}
 	if e := c.checkModel(g.model); e != nil {
+		return e
+	}
+	if g.toolAuto != nil && !speaksHermes(s.backend.ChatTemplate()) {
+		e := badRequest("tool_choice", "'tool_choice' \"auto\" (the default when 'tools' are given) needs calls parsed out of the model's text, and this model's chat template does not teach a call syntax this server parses (Hermes' <tool_call>). Send \"required\", {\"type\": \"function\", \"function\": {\"name\": ...}} or \"none\".")
+		e.Code = "unsupported_parameter"
 		return e
 	}
 	ids, text, e := s.chatPrompt(msgs, addGen, g.tools)
@@ -518,6 +524,10 @@ type chatResponder struct {
 	callID   string
 	named    bool
 	argsSent int
+	// tool_choice "auto": how much of the text went out as content (it
+	// stops where a call may begin).
+	contentSent int
+	inCall      bool
 }
 
 type chatChunk struct {
@@ -582,7 +592,71 @@ func (r *chatResponder) delta(c *call, g *genParams, text string) error {
 		r.text = append(r.text, text...)
 		return r.streamCall(c, false)
 	}
+	if g.toolAuto != nil {
+		return r.streamAuto(c, text)
+	}
 	return c.writeEvent(r.chunk(c, chatDelta{Content: &text}, nil))
+}
+
+// streamAuto streams an "auto" answer's text as content until a call may
+// begin; from its opening tag on, the rest is kept for finish to parse.
+func (r *chatResponder) streamAuto(c *call, text string) error {
+	r.text = append(r.text, text...)
+	if r.inCall {
+		return nil
+	}
+	all := string(r.text)
+	end := len(all) - heldBack(all)
+	if i := strings.Index(all, hermesOpen); i >= 0 {
+		end, r.inCall = i, true
+	}
+	if end <= r.contentSent {
+		return nil
+	}
+	more := all[r.contentSent:end]
+	r.contentSent = end
+	return c.writeEvent(r.chunk(c, chatDelta{Content: &more}, nil))
+}
+
+// finishAuto ends a streamed "auto" answer: its calls as deltas (one per
+// call, whole), or, when it holds none, the rest of its text.
+func (r *chatResponder) finishAuto(c *call, g *genParams, reason string) (string, error) {
+	all := string(r.text)
+	_, calls, ok := parseHermes(all, g.toolAuto)
+	if !ok {
+		if more := all[r.contentSent:]; more != "" {
+			if err := c.writeEvent(r.chunk(c, chatDelta{Content: &more}, nil)); err != nil {
+				return "", err
+			}
+		}
+		return reason, nil
+	}
+	for i, call := range calls {
+		if err := c.writeEvent(r.chunk(c, chatDelta{ToolCalls: []toolCallDelta{{Index: i, ID: newCallID(), Type: "function",
+			Function: toolFunctionDelta{Name: call.name, Arguments: call.args}}}}, nil)); err != nil {
+			return "", err
+		}
+	}
+	return "tool_calls", nil
+}
+
+// autoMessage is a non-streamed "auto" answer: its calls, if it holds
+// any, with the text before them as content (null when there is none).
+func autoMessage(text string, names []string, reason string) (map[string]any, string) {
+	content, calls, ok := parseHermes(text, names)
+	if !ok {
+		return map[string]any{"role": "assistant", "content": text}, reason
+	}
+	var list []any
+	for _, call := range calls {
+		list = append(list, map[string]any{"id": newCallID(), "type": "function",
+			"function": map[string]any{"name": call.name, "arguments": call.args}})
+	}
+	var cont any
+	if content != "" {
+		cont = content
+	}
+	return map[string]any{"role": "assistant", "content": cont, "tool_calls": list}, "tool_calls"
 }
 
 // streamCall writes what is new of the tool call in r.text: its header
@@ -633,8 +707,11 @@ func (r *chatResponder) finish(c *call, g *genParams, reason string, u usageJSON
 	c.outputText = string(r.text)
 	if !g.stream {
 		msg := map[string]any{"role": "assistant", "content": string(r.text)}
-		if g.toolCall {
+		switch {
+		case g.toolCall:
 			msg, reason = r.callMessage(reason)
+		case g.toolAuto != nil:
+			msg, reason = autoMessage(string(r.text), g.toolAuto, reason)
 		}
 		return c.writeJSON(map[string]any{
 			"id": "chatcmpl-" + c.id.String(), "object": "chat.completion", "created": c.start.Unix(),
@@ -665,6 +742,12 @@ func (r *chatResponder) finish(c *call, g *genParams, reason string, u usageJSON
 		}
 		if complete && r.named {
 			reason = "tool_calls"
+		}
+	}
+	if g.toolAuto != nil {
+		var err error
+		if reason, err = r.finishAuto(c, g, reason); err != nil {
+			return err
 		}
 	}
 	if err := c.writeEvent(r.chunk(c, chatDelta{}, &reason)); err != nil {

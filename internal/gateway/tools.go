@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/pagewarden/pagewarden/internal/gateway/chattmpl"
@@ -18,10 +19,15 @@ import (
 // constrained decoding: with tool_choice "required" or a named function
 // the output is {"name": NAME, "arguments": ARGS}, a grammar.ToolCall, so
 // the name is one of the functions and ARGS validates against its
-// parameters. The response carries it as OpenAI's tool_calls. "auto" (the
-// model decides between text and a call) would need each model family's
-// own call syntax parsed from free text, which this server does not do: it
-// is refused rather than answered with text that never becomes a call.
+// parameters. The response carries it as OpenAI's tool_calls.
+//
+// "auto" (the default with tools: the model decides between text and
+// calls) is unconstrained, and the calls are parsed out of the text in the
+// model family's own syntax. The syntax this server parses is Hermes'
+// <tool_call>{"name": ..., "arguments": ...}</tool_call>, which the Hermes 2
+// Pro / Hermes 3 and Qwen 2.5 templates teach; for a template without it,
+// "auto" is refused rather than answered with text that never becomes a
+// call.
 
 // maxToolCallID bounds a tool message's tool_call_id.
 const maxToolCallID = 256
@@ -94,6 +100,12 @@ func parseTools(rawTools, rawChoice, rawParallel json.RawMessage, g *genParams) 
 	switch choice {
 	case "none":
 		return nil
+	case "auto":
+		g.toolAuto = make([]string, len(defs))
+		for i, d := range defs {
+			g.toolAuto[i] = d.Name
+		}
+		return nil
 	case "required":
 	case "function":
 		i := -1
@@ -144,9 +156,9 @@ func pathAfterTool(path string) string {
 	return "/"
 }
 
-// parseToolChoice returns "none", "required" or "function" (with the
-// name). Absent, it is "none" without tools and "auto" with them, as in
-// OpenAI's API; "auto" is refused (see above).
+// parseToolChoice returns "none", "auto", "required" or "function" (with
+// the name). Absent, it is "none" without tools and "auto" with them, as
+// in OpenAI's API.
 func parseToolChoice(raw json.RawMessage, haveTools bool) (string, string, *apiError) {
 	choice := "none"
 	if haveTools {
@@ -175,11 +187,6 @@ func parseToolChoice(raw json.RawMessage, haveTools bool) (string, string, *apiE
 	}
 	if choice != "none" && !haveTools {
 		return "", "", badRequest("tool_choice", "'tool_choice' %q needs 'tools'.", choice)
-	}
-	if choice == "auto" {
-		e := badRequest("tool_choice", "'tool_choice' \"auto\" (the default when 'tools' are given) is not supported by this server: it does not parse a model's own tool-call syntax out of free text. Send \"required\", {\"type\": \"function\", \"function\": {\"name\": ...}} or \"none\".")
-		e.Code = "unsupported_parameter"
-		return "", "", e
 	}
 	return choice, name, nil
 }
@@ -261,4 +268,77 @@ func toolCallOutput(text string, complete bool) (name, args string, ok bool) {
 		args = strings.TrimSuffix(args, "}")
 	}
 	return name, args, true
+}
+
+// hermesOpen and hermesClose delimit a call in Hermes' syntax.
+const (
+	hermesOpen  = "<tool_call>"
+	hermesClose = "</tool_call>"
+)
+
+// speaksHermes reports whether a chat template teaches Hermes' call
+// syntax, the one "auto" parses.
+func speaksHermes(template string) bool {
+	return strings.Contains(template, hermesOpen) && strings.Contains(template, hermesClose)
+}
+
+// autoCall is one call parsed out of an "auto" answer.
+type autoCall struct {
+	name, args string
+}
+
+// parseHermes splits an "auto" answer into its text before the first
+// call and the calls, each <tool_call> holding one JSON object with a
+// name among names and object arguments (the closing tag may be missing
+// at the very end, where a model stops). Anything else, a call of an
+// unknown function or malformed JSON included, leaves the whole answer as
+// text (ok false), as vLLM's parser does.
+func parseHermes(text string, names []string) (content string, calls []autoCall, ok bool) {
+	i := strings.Index(text, hermesOpen)
+	if i < 0 {
+		return text, nil, false
+	}
+	content = strings.TrimSpace(text[:i])
+	rest := text[i:]
+	for rest != "" {
+		body, found := strings.CutPrefix(rest, hermesOpen)
+		if !found {
+			return text, nil, false
+		}
+		dec := json.NewDecoder(strings.NewReader(body))
+		var call struct {
+			Name      *string         `json:"name"`
+			Arguments json.RawMessage `json:"arguments"`
+		}
+		if err := dec.Decode(&call); err != nil || call.Name == nil || !slices.Contains(names, *call.Name) {
+			return text, nil, false
+		}
+		args := []byte("{}")
+		if !isNull(call.Arguments) {
+			var compact bytes.Buffer
+			if json.Compact(&compact, call.Arguments) != nil || compact.Bytes()[0] != '{' {
+				return text, nil, false
+			}
+			args = compact.Bytes()
+		}
+		calls = append(calls, autoCall{name: *call.Name, args: string(args)})
+		after := strings.TrimSpace(body[dec.InputOffset():])
+		after, closed := strings.CutPrefix(after, hermesClose)
+		rest = strings.TrimSpace(after)
+		if !closed && rest != "" {
+			return text, nil, false
+		}
+	}
+	return content, calls, true
+}
+
+// heldBack is how much of text's end could still become a call's opening
+// tag: streamed content stops before it.
+func heldBack(text string) int {
+	for n := min(len(hermesOpen)-1, len(text)); n > 0; n-- {
+		if strings.HasSuffix(text, hermesOpen[:n]) {
+			return n
+		}
+	}
+	return 0
 }

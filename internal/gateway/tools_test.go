@@ -10,6 +10,7 @@ import (
 
 	"github.com/pagewarden/pagewarden/internal/gateway/gatewaytest"
 	"github.com/pagewarden/pagewarden/internal/grammar"
+	"github.com/pagewarden/pagewarden/internal/request"
 	"github.com/pagewarden/pagewarden/internal/testdata"
 )
 
@@ -127,5 +128,119 @@ func TestToolRefusals(t *testing.T) {
 		if g := h.fake.LastParams().Sampling.Grammar; g == nil || g.Spec().Kind != grammar.ToolCall {
 			t.Errorf("%s: constraint %v, want a tool call", choice, g)
 		}
+	}
+}
+
+// TestToolAuto: with tool_choice "auto" and a template that teaches
+// Hermes' <tool_call> syntax, calls in the answer come back as tool_calls
+// (the text before them as content), streamed and not; an answer without
+// a well-formed call of an offered function stays text.
+func TestToolAuto(t *testing.T) {
+	src, err := os.ReadFile(filepath.Join(testdata.Path(t, "templates"), "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := gatewaytest.NewFake()
+	fake.Template = string(src)
+	fake.Window = 8192
+	var reply string
+	fake.Behave = func(request.Params) gatewaytest.Behavior { return gatewaytest.Behavior{Reply: reply} }
+	h := newHarness(t, fake)
+	type call struct {
+		Index    int
+		ID, Type string
+		Function struct{ Name, Arguments string }
+	}
+	for _, tc := range []struct {
+		name, reply, content, finish string
+		calls                        []string // name(arguments)
+	}{
+		{"one call", "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>", "Let me check.", "tool_calls",
+			[]string{`get_weather({"city":"Paris"})`}},
+		{"two calls, no text", "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"A\"}}</tool_call>\n<tool_call>\n{\"arguments\": {}, \"name\": \"get_weather\"}\n", "", "tool_calls",
+			[]string{`get_weather({"city":"A"})`, `get_weather({})`}},
+		{"text only", "It is sunny in <b>Paris</b>.", "It is sunny in <b>Paris</b>.", "stop", nil},
+		{"unknown function", "<tool_call>{\"name\": \"rm\", \"arguments\": {}}</tool_call>", "<tool_call>{\"name\": \"rm\", \"arguments\": {}}</tool_call>", "stop", nil},
+		{"malformed", "<tool_call>{\"name\": \"get_weather\", \"arguments\": {</tool_call>", "<tool_call>{\"name\": \"get_weather\", \"arguments\": {</tool_call>", "stop", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reply = tc.reply
+			body := map[string]any{"messages": []any{map[string]any{"role": "user", "content": "Weather in Paris?"}}, "tools": []any{weatherTool}}
+			r := h.post("/v1/chat/completions", keyAlpha, body)
+			if r.status != 200 {
+				t.Fatalf("status %d: %s", r.status, r.body)
+			}
+			var resp struct {
+				Choices []struct {
+					Message struct {
+						Content   *string
+						ToolCalls []call `json:"tool_calls"`
+					}
+					FinishReason string `json:"finish_reason"`
+				}
+			}
+			if err := json.Unmarshal(r.body, &resp); err != nil {
+				t.Fatal(err)
+			}
+			m := resp.Choices[0].Message
+			var got []string
+			for _, c := range m.ToolCalls {
+				if !strings.HasPrefix(c.ID, "call_") || c.Type != "function" {
+					t.Errorf("call %+v", c)
+				}
+				got = append(got, c.Function.Name+"("+c.Function.Arguments+")")
+			}
+			content := ""
+			if m.Content != nil {
+				content = *m.Content
+			}
+			if content != tc.content || strings.Join(got, ";") != strings.Join(tc.calls, ";") || resp.Choices[0].FinishReason != tc.finish {
+				t.Errorf("content %q calls %v finish %q; want %q %v %q", content, got, resp.Choices[0].FinishReason, tc.content, tc.calls, tc.finish)
+			}
+			if tc.calls != nil && m.Content == nil && tc.content != "" {
+				t.Error("content null")
+			}
+			// Streamed: the text before the first call as content, then
+			// each call whole.
+			body["stream"] = true
+			r = h.post("/v1/chat/completions", keyAlpha, body)
+			var scontent string
+			var scalls []string
+			finish := ""
+			for _, ev := range sseEvents(t, r.body) {
+				if ev == "[DONE]" {
+					continue
+				}
+				var chunk struct {
+					Choices []struct {
+						Delta struct {
+							Content   *string
+							ToolCalls []call `json:"tool_calls"`
+						}
+						FinishReason *string `json:"finish_reason"`
+					}
+				}
+				if err := json.Unmarshal([]byte(ev), &chunk); err != nil {
+					t.Fatalf("%s: %v", ev, err)
+				}
+				for _, ch := range chunk.Choices {
+					if ch.Delta.Content != nil {
+						scontent += *ch.Delta.Content
+					}
+					for _, c := range ch.Delta.ToolCalls {
+						if c.Index != len(scalls) || c.ID == "" {
+							t.Errorf("streamed call %+v after %d", c, len(scalls))
+						}
+						scalls = append(scalls, c.Function.Name+"("+c.Function.Arguments+")")
+					}
+					if ch.FinishReason != nil {
+						finish = *ch.FinishReason
+					}
+				}
+			}
+			if strings.TrimSpace(scontent) != tc.content || strings.Join(scalls, ";") != strings.Join(tc.calls, ";") || finish != tc.finish {
+				t.Errorf("streamed content %q calls %v finish %q; want %q %v %q", scontent, scalls, finish, tc.content, tc.calls, tc.finish)
+			}
+		})
 	}
 }
