@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"encoding/json"
 	"slices"
 	"strconv"
 	"strings"
@@ -216,6 +217,38 @@ func FuzzCharge(f *testing.F) {
 		}
 		if pageSize > 0 && pages != request.MaxKVPages(prompt, mt, pageSize) {
 			t.Fatalf("pages %d disagree with request.MaxKVPages", pages)
+		}
+	})
+}
+
+// FuzzParseHermes: whatever a model writes, parsing its "auto" answer
+// never panics, and every call it returns names an offered function with
+// arguments that are a JSON object.
+func FuzzParseHermes(f *testing.F) {
+	for _, s := range []string{
+		"Sure.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>",
+		"<tool_call>{\"name\": \"f\"}</tool_call><tool_call>{\"name\": \"g\", \"arguments\": {}}",
+		"<tool_call>{\"name\": \"x\"}</tool_call>", "<tool_call>", "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>", "plain",
+	} {
+		f.Add(s)
+	}
+	names := []string{"f", "g"}
+	f.Fuzz(func(t *testing.T, text string) {
+		content, calls, ok := parseHermes(text, names)
+		if !ok {
+			if content != text || calls != nil {
+				t.Fatalf("no calls, yet %q %v", content, calls)
+			}
+			return
+		}
+		if len(calls) == 0 || !strings.Contains(text, hermesOpen) {
+			t.Fatalf("ok without a call in %q", text)
+		}
+		for _, c := range calls {
+			var args map[string]any
+			if !slices.Contains(names, c.name) || json.Unmarshal([]byte(c.args), &args) != nil {
+				t.Fatalf("call %+v from %q", c, text)
+			}
 		}
 	})
 }
