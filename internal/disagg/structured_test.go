@@ -46,7 +46,12 @@ func TestDisaggregatedStructured(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	call, err := grammar.Compile(grammar.ToolCallSpec([]grammar.Tool{{Name: "get", Parameters: []byte(closedSchema), Strict: true}, {Name: "ping"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
 	for i, cfg := range []request.Sampling{
+		{Grammar: call, Temperature: 1, Seed: 3},
 		{Grammar: closed},
 		{Grammar: closed, Temperature: 1, Seed: 5},
 		{Grammar: obj},
