@@ -47,11 +47,12 @@
 //     Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS (Supports). Q5_0 and IQ4_NL are
 //     repacked as Q8_0 and Q4_1/Q5_1 as Q8_0 plus per-block mins, so they
 //     run on the Q8_0 kernels of every tier with ggml's bits (Q4_1/Q5_1
-//     meet Q8_1 activations: Q8_0's plus s = fp16(d*sum)); Q5_K is
-//     repacked as Q6_K records plus mins and runs on the Q6_K kernels; Q2_K,
-//     Q3_K and IQ4_XS take the plain-Go references, which follow ggml's
-//     generic vec_dot bit for bit (Q5_K is summed per super-block as Q4_K
-//     is; matrix_ext.go, ref_ext.go).
+//     meet Q8_1 activations: Q8_0's plus s = fp16(d*sum)); Q5_K, Q2_K and
+//     Q3_K are repacked as Q6_K records (plus mins for the first two) and
+//     run on the Q6_K kernels; IQ4_XS takes its plain-Go reference. The
+//     references follow ggml's generic vec_dot bit for bit, except that
+//     Q5_K and Q3_K are summed per super-block as Q4_K and Q6_K are
+//     (matrix_ext.go, ref_ext.go).
 //   - A Matrix repacks quantised weights at load time: rows are
 //     interleaved 16 at a time so a group's product reads one sequential
 //     stream. Q8_0, Q4_0 and Q4_K keep their size (within 3%); Q6_K grows by

@@ -108,11 +108,11 @@ func (m *Matrix) repackK(data []byte) {
 func (m *Matrix) rowK(r int, dst []float32) {
 	nb := m.cols / qkK
 	g, rr := r/qRows, r%qRows
-	rec := kRecBytes(m.typ)
+	rec := kRecBytes(m.kind)
 	for s := 0; s < nb; s++ {
 		src := m.kw[(g*nb+s)*rec : (g*nb+s+1)*rec]
 		out := dst[s*qkK : (s+1)*qkK]
-		if m.typ == quant.Q4_K {
+		if m.kind == quant.Q4_K {
 			d := f16ToF32(binary.LittleEndian.Uint16(src[2304+rr*2:]))
 			dmin := f16ToF32(binary.LittleEndian.Uint16(src[2336+rr*2:]))
 			for j := 0; j < 8; j++ {

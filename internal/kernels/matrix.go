@@ -377,12 +377,12 @@ func (m *Matrix) mulQGroups(dst []float32, a *acts, n, g0, g1, lo, hi int) {
 func (m *Matrix) mulKGroups(dst []float32, a *acts, n, g0, g1, lo, hi int) {
 	rows, cols := m.rows, m.cols
 	nb := cols / qkK
-	rec := kRecBytes(m.typ)
+	rec := kRecBytes(m.kind)
 	w := a.w
 	if n == 1 {
 		full := min(hi, rows/qRows)
 		if full > lo {
-			kTileImpl(m.typ, 1, full-lo, m.kw[lo*nb*rec:full*nb*rec], a.q[:cols], a.d[:nb], a.c[:nb*8], dst[lo*qRows:full*qRows])
+			kTileImpl(m.kind, 1, full-lo, m.kw[lo*nb*rec:full*nb*rec], a.q[:cols], a.d[:nb], a.c[:nb*8], dst[lo*qRows:full*qRows])
 			lo = full
 		}
 	}
@@ -392,7 +392,7 @@ func (m *Matrix) mulKGroups(dst []float32, a *acts, n, g0, g1, lo, hi int) {
 		r0 := g * qRows
 		nr := min(qRows, rows-r0)
 		for ag := g0; ag < g1; ag++ {
-			kTileImpl(m.typ, w, 1, wk, a.q[ag*w*cols:(ag+1)*w*cols], a.d[ag*w*nb:(ag+1)*w*nb], a.c[ag*w*nb*8:(ag+1)*w*nb*8], out[:w*qRows])
+			kTileImpl(m.kind, w, 1, wk, a.q[ag*w*cols:(ag+1)*w*cols], a.d[ag*w*nb:(ag+1)*w*nb], a.c[ag*w*nb*8:(ag+1)*w*nb*8], out[:w*qRows])
 			for i := 0; i < w && ag*w+i < n; i++ {
 				o := (ag*w+i)*rows + r0
 				copy(dst[o:o+nr], out[i*qRows:i*qRows+nr])

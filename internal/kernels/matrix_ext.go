@@ -34,8 +34,15 @@ import (
 //     subtracts dmin*d_x * sum(min_j * bsum_j) (the activation's pair sums
 //     of the Q6_K layout are the per-32 sums it needs) and adds to the
 //     running sum: dotQ5KRef bit for bit.
-//   - Q3_K, Q2_K and IQ4_XS keep their GGML bytes and take the plain Go
-//     reference products row by row (no repacked kernel yet).
+//   - Q2_K (values 0..3, a 4-bit scale and min per 16 values) goes the
+//     same way with sixteen mins, and is ggml's generic product bit for bit
+//     (its per-super-block dall*isum - dmin*summs is exactly this form).
+//   - Q3_K (values -4..3, a 6-bit signed scale per 16 values, no min) is a
+//     Q6_K matrix in all but name: repacked into ordinary (group-major)
+//     Q6_K records it takes MatMul's Q6_K path unchanged; its reference
+//     (dotQ3KRef) sums per super-block as Q6_K does.
+//   - IQ4_XS keeps its GGML bytes and takes the plain Go reference product
+//     row by row (no repacked kernel yet).
 
 // Supports reports whether NewMatrix accepts weights of type t.
 func Supports(t quant.Type) bool {
@@ -63,9 +70,9 @@ func (m *Matrix) prepareExt(data []byte) {
 	case quant.Q4_1, quant.Q5_1:
 		m.kind = quant.Q8_0
 		m.repackAsQ8(data, true)
-	case quant.Q5_K:
+	case quant.Q5_K, quant.Q3_K, quant.Q2_K:
 		m.kind = quant.Q6_K
-		m.repackQ5K(data)
+		m.repackKAsQ6(data)
 	default:
 		m.raw = slices.Clone(data)
 	}
@@ -147,7 +154,9 @@ func (m *Matrix) rowExt(r int, dst []float32) {
 			panic("kernels: Matrix.Row: " + err.Error())
 		}
 	case m.kmins != nil:
-		m.rowQ5K(r, dst)
+		m.rowKMin(r, dst)
+	case m.kw != nil:
+		m.rowK(r, dst) // Q3_K as Q6_K records
 	case m.qm != nil:
 		nb := m.cols / qk8
 		groups := (m.rows + qRows - 1) / qRows
@@ -171,7 +180,7 @@ func (m *Matrix) mulExt(p *Pool, dst []float32, x []float32, n int) {
 	case m.raw != nil:
 		m.mulRaw(p, dst, x, n)
 	case m.kmins != nil:
-		m.mulQ5K(p, dst, x, n)
+		m.mulKMin(p, dst, x, n)
 	default:
 		m.mulQ1(p, dst, x, n)
 	}
@@ -249,8 +258,8 @@ type rawActs struct {
 
 var rawActsPool = sync.Pool{New: func() any { return new(rawActs) }}
 
-// mulRaw computes a product of a Q5_K, Q3_K, Q2_K or IQ4_XS matrix with
-// the reference dot products, output rows split over p; each weight row
+// mulRaw computes a product of an IQ4_XS matrix with the reference dot
+// product, output rows split over p; each weight row
 // meets every activation row while it is in cache.
 func (m *Matrix) mulRaw(p *Pool, dst []float32, x []float32, n int) {
 	rows, cols := m.rows, m.cols
@@ -267,83 +276,134 @@ func (m *Matrix) mulRaw(p *Pool, dst []float32, x []float32, n int) {
 		for r := lo; r < hi; r++ {
 			row := m.raw[r*m.rowBytes : (r+1)*m.rowBytes]
 			for i := 0; i < n; i++ {
-				xq, xd, bs := a.q[i*cols:(i+1)*cols], a.d[i*nb:(i+1)*nb], a.bs[i*nb*16:(i+1)*nb*16]
-				var v float32
-				switch m.typ {
-				case quant.Q3_K:
-					v = dotQ3KRef(row, xq, xd)
-				case quant.Q2_K:
-					v = dotQ2KRef(row, xq, xd, bs)
-				case quant.IQ4_XS:
-					v = dotIQ4XSRef(row, xq, xd)
-				}
-				dst[i*rows+r] = v
+				dst[i*rows+r] = dotIQ4XSRef(row, a.q[i*cols:(i+1)*cols], a.d[i*nb:(i+1)*nb])
 			}
 		}
 	})
 }
 
-// repackQ5K writes Q5_K rows as Q6_K records (value+32 as bytes, the 6-bit
-// scale of each 32 values as the int8 scale of both its 16-value groups,
-// d), block-major: record (s*groups+g) holds super-block s of group g.
-func (m *Matrix) repackQ5K(data []byte) {
+// kMinCount is the number of mins per super-block of a type on the
+// min-carrying K path: Q5_K one per 32 values, Q2_K one per 16.
+func kMinCount(t quant.Type) int {
+	if t == quant.Q2_K {
+		return 16
+	}
+	return 8
+}
+
+// kBlock decodes one GGML super-block of a K-type that is run as Q6_K
+// records: its 256 values (Q6_K's value+32 bytes hold them), the int8
+// scale of each 16-value group, the fp16 d, and (Q5_K, Q2_K) the fp16
+// dmin and the mins.
+func kBlock(t quant.Type, blk []byte, v *[qkK]int8, sc *[16]int8, mins *[16]uint8) (d, dmin uint16) {
+	switch t {
+	case quant.Q5_K:
+		for k := range v {
+			v[k] = int8(q5KValue(blk, k))
+		}
+		for j := 0; j < 8; j++ {
+			s, m := q4KScaleMin(j, blk[4:16])
+			sc[2*j], sc[2*j+1], mins[j] = int8(s), int8(s), m
+		}
+		return binary.LittleEndian.Uint16(blk), binary.LittleEndian.Uint16(blk[2:])
+	case quant.Q3_K:
+		for k := range v {
+			v[k] = int8(q3KValue(blk, k))
+		}
+		for j := range sc {
+			sc[j] = int8(q3KScale(blk[96:108], j))
+		}
+		return binary.LittleEndian.Uint16(blk[108:]), 0
+	default: // Q2_K
+		for k := range v {
+			h, s, l := k/128, k%128/32, k%32
+			v[k] = int8(blk[16+32*h+l] >> uint(2*s) & 3)
+		}
+		for j := range sc {
+			sc[j], mins[j] = int8(blk[j]&0x0f), blk[j]>>4
+		}
+		return binary.LittleEndian.Uint16(blk[80:]), binary.LittleEndian.Uint16(blk[82:])
+	}
+}
+
+// repackKAsQ6 writes Q5_K, Q3_K or Q2_K rows as Q6_K records (kgemm.go).
+// Q3_K has no mins: its records are group-major and MatMul's Q6_K path
+// runs them as they are. Q5_K and Q2_K records are block-major (record
+// s*groups+g holds super-block s of group g), with each super-block's
+// dmin and mins alongside for mulKMin.
+func (m *Matrix) repackKAsQ6(data []byte) {
 	nb := m.cols / qkK
 	groups := (m.rows + qRows - 1) / qRows
+	bb := m.typ.BlockBytes()
+	withMin := m.typ != quant.Q3_K
+	nm := kMinCount(m.typ)
 	m.kw = make([]byte, groups*nb*k6RecBytes)
-	m.kdmin = make([]float32, groups*nb*qRows)
-	m.kmins = make([]uint8, groups*nb*qRows*8)
+	if withMin {
+		m.kdmin = make([]float32, groups*nb*qRows)
+		m.kmins = make([]uint8, groups*nb*qRows*nm)
+	}
+	var (
+		v    [qkK]int8
+		sc   [16]int8
+		mins [16]uint8
+	)
 	for r := 0; r < m.rows; r++ {
 		g, rr := r/qRows, r%qRows
 		row := data[r*m.rowBytes : (r+1)*m.rowBytes]
 		for s := 0; s < nb; s++ {
-			blk := row[s*176 : (s+1)*176]
-			rec := (s*groups + g)
+			d, dmin := kBlock(m.typ, row[s*bb:(s+1)*bb], &v, &sc, &mins)
+			rec := g*nb + s
+			if withMin {
+				rec = s*groups + g
+				m.kdmin[rec*qRows+rr] = f16ToF32(dmin)
+				copy(m.kmins[(rec*qRows+rr)*nm:(rec*qRows+rr+1)*nm], mins[:nm])
+			}
 			dst := m.kw[rec*k6RecBytes : (rec+1)*k6RecBytes]
-			for k := 0; k < qkK; k++ {
-				dst[(k/4)*64+rr*4+k%4] = byte(q5KValue(blk, k) + 32)
+			for k, q := range v {
+				dst[(k/4)*64+rr*4+k%4] = byte(q + 32)
 			}
-			for j := 0; j < 8; j++ {
-				sc, mn := q4KScaleMin(j, blk[4:16])
-				dst[4096+j*32+rr*2] = sc   // group 2j
-				dst[4096+j*32+rr*2+1] = sc // group 2j+1
-				m.kmins[(rec*qRows+rr)*8+j] = mn
+			for gi, c := range sc {
+				dst[4096+(gi/2)*32+rr*2+gi%2] = byte(c)
 			}
-			copy(dst[4352+rr*2:4352+rr*2+2], blk[0:2])
-			m.kdmin[rec*qRows+rr] = f16ToF32(binary.LittleEndian.Uint16(blk[2:]))
+			binary.LittleEndian.PutUint16(dst[4352+rr*2:], d)
 		}
 	}
 }
 
-// rowQ5K dequantises row r of a repacked Q5_K matrix with
-// dequantize_row_q5_K's arithmetic.
-func (m *Matrix) rowQ5K(r int, dst []float32) {
+// rowKMin dequantises row r of a repacked Q5_K or Q2_K matrix with
+// dequantize_row_q5_K's (q2_K's) arithmetic: (d*scale)*q - dmin*min.
+func (m *Matrix) rowKMin(r int, dst []float32) {
 	nb := m.cols / qkK
 	groups := (m.rows + qRows - 1) / qRows
+	nm := kMinCount(m.typ)
 	g, rr := r/qRows, r%qRows
 	for s := 0; s < nb; s++ {
 		rec := s*groups + g
 		src := m.kw[rec*k6RecBytes : (rec+1)*k6RecBytes]
 		d := f16ToF32(binary.LittleEndian.Uint16(src[4352+rr*2:]))
 		dmin := m.kdmin[rec*qRows+rr]
-		for j := 0; j < 8; j++ {
-			dj := d * float32(src[4096+j*32+rr*2])
-			mj := dmin * float32(m.kmins[(rec*qRows+rr)*8+j])
-			for l := 0; l < 32; l++ {
-				k := 32*j + l
-				v := int32(src[(k/4)*64+rr*4+k%4]) - 32
-				dst[s*qkK+k] = float32(dj*float32(v)) - mj
-			}
+		mins := m.kmins[(rec*qRows+rr)*nm : (rec*qRows+rr+1)*nm]
+		for k := 0; k < qkK; k++ {
+			gi := k / 16
+			dl := d * float32(int8(src[4096+(gi/2)*32+rr*2+gi%2]))
+			ml := dmin * float32(mins[k*nm/qkK])
+			v := int32(src[(k/4)*64+rr*4+k%4]) - 32
+			dst[s*qkK+k] = float32(dl*float32(v)) - ml
 		}
 	}
 }
 
-// mulQ5K computes a Q5_K product: Q8_K activations packed for Q6_K weights,
-// one Q6_K tile call per super-block and chunk of groups, then
-// acc += tile - dmin*d_x*msum per super-block, as dotQ5KRef.
-func (m *Matrix) mulQ5K(p *Pool, dst []float32, x []float32, n int) {
+// mulKMin computes a Q5_K or Q2_K product: Q8_K activations packed for
+// Q6_K weights, one Q6_K tile call per super-block and chunk of groups,
+// then acc += tile - (dmin*d_x)*msum per super-block, where msum sums each
+// min times its values' activation sum (the Q6_K pair sums are the per-16
+// sums; Q5_K adds each pair). That is dotQ5KRef, and ggml's
+// ggml_vec_dot_q2_K_q8_K, bit for bit.
+func (m *Matrix) mulKMin(p *Pool, dst []float32, x []float32, n int) {
 	rows, cols := m.rows, m.cols
 	nb := cols / qkK
 	groups := (rows + qRows - 1) / qRows
+	nm := kMinCount(m.typ)
 	a := actsPool.Get().(*acts)
 	defer a.release()
 	a.prepare(p, quant.Q6_K, x, n, cols)
@@ -365,21 +425,26 @@ func (m *Matrix) mulQ5K(p *Pool, dst []float32, x []float32, n int) {
 					kTileImpl(quant.Q6_K, w, ng, m.kw[rec*k6RecBytes:(rec+ng)*k6RecBytes],
 						a.q[ab*qkK:(ab+w)*qkK], a.d[ab:ab+w], xp, out[:ng*w*qRows])
 					for i := 0; i < w; i++ {
-						// The activation's per-32 sums: the two 16-value
-						// sums of Q6_K pair j.
-						var bs [8]int32
-						for j := range bs {
+						// The activation sums each min applies to: the
+						// Q6_K pair halves (per 16 values), or whole
+						// pairs (per 32) for Q5_K.
+						var bs [16]int32
+						for j := 0; j < 8; j++ {
 							pr := uint32(xp[j*w+i])
-							bs[j] = int32(int16(pr)) + int32(int16(pr>>16))
+							lo, hi := int32(int16(pr)), int32(int16(pr>>16))
+							if nm == 16 {
+								bs[2*j], bs[2*j+1] = lo, hi
+							} else {
+								bs[j] = lo + hi
+							}
 						}
 						xd := a.d[ab+i]
 						for g := 0; g < ng; g++ {
 							o := (g*w + i) * qRows
 							base := (rec + g) * qRows
 							for r := 0; r < qRows; r++ {
-								mn := m.kmins[(base+r)*8 : (base+r)*8+8]
 								var msum int32
-								for j, v := range mn {
+								for j, v := range m.kmins[(base+r)*nm : (base+r+1)*nm] {
 									msum += int32(v) * bs[j]
 								}
 								dmin := float32(m.kdmin[base+r] * xd)

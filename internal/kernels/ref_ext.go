@@ -126,17 +126,6 @@ func dotIQ4NLRef(row []byte, xq []int8, xd []float32) float32 {
 	return acc
 }
 
-// laneSums is ggml's eight-lane accumulation in the generic Q3_K dot
-// product: lane l holds the products of the elements at positions l mod 8,
-// and each super-block adds d*lane to a float lane sum.
-type laneSums [8]float32
-
-func (s *laneSums) add(d float32, aux *[8]int32) {
-	for l := range s {
-		s[l] += float32(d * float32(aux[l]))
-	}
-}
-
 // dotQ5KRef is the Q5_K product (176-byte blocks: fp16 d, fp16 dmin, 12
 // scale bytes as Q4_K, qh[32], qs[128]) with Q8_K activations, in the
 // per-super-block form of dotQ4KRef: d_w*d_x * sum(scale_j * q.q8) -
@@ -203,27 +192,30 @@ func q3KValue(blk []byte, k int) int32 {
 	return v
 }
 
-// dotQ3KRef is ggml_vec_dot_q3_K_q8_K over one Q3_K row (110-byte blocks:
-// hmask[32], qs[64], 12 scale bytes, fp16 d).
+// dotQ3KRef is the Q3_K product (110-byte blocks: hmask[32], qs[64], 12
+// scale bytes, fp16 d) with Q8_K activations, in the per-super-block form
+// of dotQ6KRef: d_w*d_x * sum over 16-value groups of (scale-32) * (q.q8).
+// ggml's generic code spreads that integer sum over eight float lanes, so
+// the result is within float rounding of ggml's (TestExtDotMatchesGGML),
+// and bit for bit what MatMul's Q6_K kernels give on the repacked blocks.
 func dotQ3KRef(row []byte, xq []int8, xd []float32) float32 {
 	nb := len(xd)
 	row, xq = row[:nb*110], xq[:nb*qkK]
-	var sums laneSums
+	var acc float32
+	var a [qkK]int8
 	for b := 0; b < nb; b++ {
 		blk := row[b*110 : (b+1)*110]
-		xb := xq[b*qkK : (b+1)*qkK]
-		var aux [8]int32
-		for k := 0; k < qkK; k++ {
-			aux[k%8] += q3KScale(blk[96:108], k/16) * q3KValue(blk, k) * int32(xb[k])
+		for k := range a {
+			a[k] = int8(q3KValue(blk, k))
+		}
+		var isum int32
+		for g := 0; g < 16; g++ {
+			isum += q3KScale(blk[96:108], g) * dot16i8((*[16]int8)(a[16*g:]), (*[16]int8)(xq[b*qkK+16*g:]))
 		}
 		d := float32(f16ToF32(binary.LittleEndian.Uint16(blk[108:])) * xd[b])
-		sums.add(d, &aux)
+		acc += float32(d * float32(isum))
 	}
-	var sumf float32
-	for _, v := range sums {
-		sumf += v
-	}
-	return sumf
+	return acc
 }
 
 // dotQ2KRef is ggml_vec_dot_q2_K_q8_K over one Q2_K row (84-byte blocks:

@@ -23,7 +23,7 @@ var extTypes = []quant.Type{quant.Q4_1, quant.Q5_0, quant.Q5_1, quant.Q5_K, quan
 // type, activations a[i] = x[(7i+3) mod 512] * (i%3 ? 1 : -1) quantised by
 // quantize_row_q8_{0,1,K}_ref. Per case: u32 n, then per type the weight
 // bytes, the activation bytes and ggml's float32 result. The products must
-// agree bit for bit (Q5_K: to float rounding, see dotQ5KRef).
+// agree bit for bit (Q5_K, Q3_K: to float rounding, see dotQ5KRef).
 func TestExtDotMatchesGGML(t *testing.T) {
 	data, err := os.ReadFile("testdata/ggml-vecdot-ref.bin")
 	if err != nil {
@@ -99,9 +99,10 @@ func TestExtDotMatchesGGML(t *testing.T) {
 			}
 			want := math.Float32frombits(binary.LittleEndian.Uint32(data))
 			data = data[4:]
-			if typ == quant.Q5_K {
-				// Summed per super-block as Q4_K is (dotQ5KRef), not
-				// over ggml's eight float lanes: float rounding apart.
+			if typ == quant.Q5_K || typ == quant.Q3_K {
+				// Summed per super-block as Q4_K/Q6_K are (dotQ5KRef,
+				// dotQ3KRef), not over ggml's eight float lanes: float
+				// rounding apart.
 				if d := math.Abs(float64(got - want)); d > 1e-5*math.Abs(float64(want)) {
 					t.Errorf("case %d %s: reference product %g, ggml %g (diff %g)", c, typ, got, want, d)
 				}
