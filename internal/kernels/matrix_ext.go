@@ -226,11 +226,12 @@ func (m *Matrix) mulQ1(p *Pool, dst []float32, x []float32, n int) {
 						a.q[ab*qk8:(ab+w)*qk8], a.d[ab:ab+w], a.c[ab:ab+w], out[:ng*w*qRows])
 					mins := m.qm[blk*qRows : (blk+ng)*qRows]
 					for g := 0; g < ng; g++ {
-						for i := 0; i < w; i++ {
-							si := s[ab+i]
+						mn := (*[qRows]float32)(mins[g*qRows:])
+						for i, si := range s[ab : ab+w] {
 							o := (g*w + i) * qRows
-							for r := 0; r < qRows; r++ {
-								accs[o+r] += float32(out[o+r] + float32(mins[g*qRows+r]*si))
+							ov, av := (*[qRows]float32)(out[o:]), (*[qRows]float32)(accs[o:])
+							for r := range av {
+								av[r] += float32(ov[r] + float32(mn[r]*si))
 							}
 						}
 					}
