@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-var benchTypes = []Type{F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K}
+var benchTypes = []Type{F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS}
 
 // BenchmarkDequantize measures decoding a 4096-element row (SetBytes is
 // the output size, so MB/s compare across types).

@@ -14,9 +14,10 @@
 //     (ggml evaluates those with separate multiply and subtract roundings;
 //     so does this package, explicitly, so results do not depend on whether
 //     the Go compiler would fuse a multiply-add on the target).
-//   - Quantize for F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K
-//     and Q6_K with the bytes of ggml's reference quantize_row_*_ref (no
-//     importance matrix; what llama-quantize writes without one).
+//   - Quantize for the same types, with the bytes llama-quantize writes
+//     without an importance matrix: ggml's quantize_row_*_ref, and
+//     quantize_iq4_nl/_xs for the IQ4 types (compiled without FMA
+//     contraction; see golden_ext_test.go).
 //   - F16 and BF16 conversions that round to nearest even, handle
 //     subnormals, infinities and NaN, and never panic.
 //

@@ -18,8 +18,8 @@ import (
 // ggml's encoding of the input (quantize_row_*_ref; quantize_iq4_nl and
 // quantize_iq4_xs without an importance matrix for the IQ4 types) and the
 // 64-bit FNV-1a hash of the float32 bytes ggml's dequantize_row_* makes of
-// that encoding. So Quantize is held byte-exact to ggml where this package
-// quantises the type, and Dequantize bit-exact for every type.
+// that encoding. So Quantize is held byte-exact to ggml, and Dequantize
+// bit-exact, for every type.
 func TestGGMLReferenceVectorsExt(t *testing.T) {
 	inputs := refInputs(t)
 	data, err := os.ReadFile("testdata/ggml-ext-ref.bin")
@@ -27,7 +27,6 @@ func TestGGMLReferenceVectorsExt(t *testing.T) {
 		t.Fatal(err)
 	}
 	extTypes := []Type{Q4_1, Q5_0, Q5_1, Q5_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS}
-	quantises := map[Type]bool{Q4_1: true, Q5_0: true, Q5_1: true, Q5_K: true}
 	for c, x := range inputs {
 		n := int(binary.LittleEndian.Uint32(data))
 		if n != len(x) {
@@ -51,12 +50,6 @@ func TestGGMLReferenceVectorsExt(t *testing.T) {
 			}
 			if got := h.Sum64(); got != wantHash {
 				t.Errorf("case %d %s: Dequantize of ggml's blocks hashes to %#x, ggml's to %#x", c, typ, got, wantHash)
-			}
-			if !quantises[typ] {
-				if _, err := Quantize(typ, x); err == nil {
-					t.Errorf("%s: Quantize succeeded on a type it does not implement", typ)
-				}
-				continue
 			}
 			got, err := Quantize(typ, x)
 			if err != nil {

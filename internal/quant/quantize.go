@@ -8,10 +8,11 @@ import (
 
 // Quantize encodes src as type t, following ggml's reference
 // quantize_row_*_ref functions (no importance matrix). len(src) must be a
-// multiple of t.BlockSize(). Supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1,
-// Q5_0, Q5_1, Q4_K, Q5_K, Q6_K (the other types Dequantize reads are
-// refused with ErrUnsupported). Inputs holding NaN or infinities give
-// unspecified (but non-panicking) results for the block types, as in ggml.
+// multiple of t.BlockSize(). Every Supported type can be written; IQ4_NL
+// and IQ4_XS follow quantize_iq4_nl/_xs without an importance matrix (what
+// llama-quantize runs; ggml's _ref for them is a cruder one-pass fit).
+// Inputs holding NaN or infinities give unspecified (but non-panicking)
+// results for the block types, as in ggml.
 func Quantize(t Type, src []float32) ([]byte, error) {
 	if err := checkType(t); err != nil {
 		return nil, err
@@ -65,6 +66,22 @@ func Quantize(t Type, src []float32) ([]byte, error) {
 	case Q5_K:
 		for b := 0; b < len(src)/QK_K; b++ {
 			quantBlockQ5_K(src[QK_K*b:QK_K*b+QK_K], out[176*b:176*b+176])
+		}
+	case Q3_K:
+		for b := 0; b < len(src)/QK_K; b++ {
+			quantBlockQ3_K(src[QK_K*b:QK_K*b+QK_K], out[110*b:110*b+110])
+		}
+	case Q2_K:
+		for b := 0; b < len(src)/QK_K; b++ {
+			quantBlockQ2_K(src[QK_K*b:QK_K*b+QK_K], out[84*b:84*b+84])
+		}
+	case IQ4_NL:
+		for b := 0; b < len(src)/32; b++ {
+			quantBlockIQ4_NL(src[32*b:32*b+32], out[18*b:18*b+18])
+		}
+	case IQ4_XS:
+		for b := 0; b < len(src)/QK_K; b++ {
+			quantBlockIQ4_XS(src[QK_K*b:QK_K*b+QK_K], out[136*b:136*b+136])
 		}
 	default:
 		return nil, fmt.Errorf("%w %s (quantize)", ErrUnsupported, t)
@@ -140,8 +157,9 @@ func clamp(v, lo, hi int32) int32 {
 // makeQKX2 is ggml's make_qkx2_quants: it picks a scale and a min for a
 // group of values quantized to [0, nmax] by trying nstep+1 candidate scales
 // and keeping the one with the smallest weighted squared error. It returns
-// the scale and the (positive) min to subtract.
-func makeQKX2(nmax int32, x, w []float32, L, laux []uint8, rmin, rdelta float32, nstep int) (scale, theMin float32) {
+// the scale and the (positive) min to subtract. mad weighs absolute
+// instead of squared errors (ggml's use_mad, which Q2_K sets).
+func makeQKX2(nmax int32, x, w []float32, L, laux []uint8, rmin, rdelta float32, nstep int, mad bool) (scale, theMin float32) {
 	lo, hi := x[0], x[0]
 	sumW := w[0]
 	sumX := sumW * x[0]
@@ -166,8 +184,7 @@ func makeQKX2(nmax int32, x, w []float32, L, laux []uint8, rmin, rdelta float32,
 	for i := range x {
 		l := clamp(nearestInt(iscale*(x[i]-lo)), 0, nmax)
 		L[i] = uint8(l)
-		diff := float32(float32(scale*float32(l))+lo) - x[i]
-		bestErr += float32(w[i] * float32(diff*diff))
+		bestErr += float32(w[i] * qkx2Err(float32(float32(scale*float32(l))+lo)-x[i], mad))
 	}
 	for is := 0; is <= nstep; is++ {
 		iscale = (float32(rmin+float32(rdelta*float32(is))) + float32(nmax)) / (hi - lo)
@@ -191,8 +208,7 @@ func makeQKX2(nmax int32, x, w []float32, L, laux []uint8, rmin, rdelta float32,
 			}
 			var cur float32
 			for i := range x {
-				diff := float32(float32(thisScale*float32(laux[i]))+thisMin) - x[i]
-				cur += float32(w[i] * float32(diff*diff))
+				cur += float32(w[i] * qkx2Err(float32(float32(thisScale*float32(laux[i]))+thisMin)-x[i], mad))
 			}
 			if cur < bestErr {
 				copy(L[:len(x)], laux[:len(x)])
@@ -201,6 +217,14 @@ func makeQKX2(nmax int32, x, w []float32, L, laux []uint8, rmin, rdelta float32,
 		}
 	}
 	return scale, -lo
+}
+
+// qkx2Err is make_qkx2_quants' error of one value: |diff| or diff².
+func qkx2Err(diff float32, mad bool) float32 {
+	if mad {
+		return abs32(diff)
+	}
+	return float32(diff * diff)
 }
 
 // groupMaxEps is ggml's GROUP_MAX_EPS: groups whose largest magnitude is
@@ -285,7 +309,7 @@ func quantBlockQ4_K(x []float32, blk []byte) {
 		for l, v := range g {
 			weights[l] = avX + abs32(v)
 		}
-		scales[j], mins[j] = makeQKX2(15, g, weights[:], L[32*j:32*j+32], laux[:], -1, 0.1, 20)
+		scales[j], mins[j] = makeQKX2(15, g, weights[:], L[32*j:32*j+32], laux[:], -1, 0.1, 20, false)
 		maxScale = max(maxScale, scales[j])
 		maxMin = max(maxMin, mins[j])
 	}

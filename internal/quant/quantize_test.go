@@ -92,7 +92,7 @@ func TestRoundTripBlockBounds(t *testing.T) {
 // realistic (Gaussian) data, and checks the degenerate inputs come back
 // close in absolute terms.
 func TestRoundTripKQuants(t *testing.T) {
-	limits := map[Type]float64{Q4_K: 0.09, Q6_K: 0.025, Q8_0: 0.008, Q4_0: 0.1, Q4_1: 0.1, Q5_0: 0.05, Q5_1: 0.05, Q5_K: 0.045}
+	limits := map[Type]float64{Q4_K: 0.09, Q6_K: 0.025, Q8_0: 0.008, Q4_0: 0.1, Q4_1: 0.1, Q5_0: 0.05, Q5_1: 0.05, Q5_K: 0.045, Q3_K: 0.2, Q2_K: 0.4, IQ4_NL: 0.1, IQ4_XS: 0.1}
 	for name, x := range testBlocks(4096) {
 		for typ, lim := range limits {
 			y := roundTrip(t, typ, x)
