@@ -151,8 +151,9 @@ type genParams struct {
 	tools    []any
 	toolCall bool
 	// toolAuto, for tool_choice "auto", names the functions whose calls
-	// are parsed out of the answer (nil otherwise).
-	toolAuto []string
+	// are parsed out of the answer (nil otherwise), in toolSyntax.
+	toolAuto   []string
+	toolSyntax string
 }
 
 // message is a validated chat message.

@@ -45,8 +45,8 @@
 //	                           add_generation_prompt, response_format
 //	                           (text, json_object, json_schema with
 //	                           strict), tools (functions, ≤ 128),
-//	                           tool_choice ("none", "auto" with a
-//	                           Hermes-style template, "required", a named
+//	                           tool_choice ("none", "auto" with a Hermes
+//	                           or Llama 3 template, "required", a named
 //	                           function)
 //	honoured, completions      prompt (one: text or token ids)
 //	accepted (no effect)       user; chat: metadata (≤ 16 pairs),
@@ -99,13 +99,15 @@
 // function's own strict flag) and answered as OpenAI's tool_calls (one
 // call, finish "tool_calls"; streamed as an id/type/name delta, then
 // argument deltas). "auto", the default with tools, is unconstrained and
-// the calls are parsed out of the answer in Hermes' syntax
-// (<tool_call>{"name", "arguments"}</tool_call>, taught by the Hermes 2 Pro,
-// Hermes 3 and Qwen 2.5 templates): the text before the first call is the
-// content, each well-formed call of an offered function a tool_call
-// (finish "tool_calls"), anything else stays text; streamed, the content
-// goes out until a call may begin and the calls come whole at the end.
-// With a template that does not teach that syntax, "auto" is refused.
+// the calls are parsed out of the answer in the syntax the template
+// teaches: Hermes' <tool_call>{"name", "arguments"}</tool_call> (Hermes 2
+// Pro, Hermes 3, Qwen 2.5) or Llama 3's whole-answer {"name",
+// "parameters"} objects separated by ";" (Llama 3.1-3.3). The text before
+// the first call is the content, each well-formed call of an offered
+// function a tool_call (finish "tool_calls"), anything else stays text;
+// streamed, the content goes out until a call may begin and the calls come
+// whole at the end. With a template that teaches neither, "auto" is
+// refused.
 // Assistant messages may carry tool_calls (arguments given as a JSON
 // string become an object for the template, as vLLM passes them), and
 // tool messages need tool_call_id.

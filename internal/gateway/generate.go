@@ -28,10 +28,12 @@ func (s *Server) chatCompletions(c *call) *apiError {
 	if e := c.checkModel(g.model); e != nil {
 		return e
 	}
-	if g.toolAuto != nil && !speaksHermes(s.backend.ChatTemplate()) {
-		e := badRequest("tool_choice", "'tool_choice' \"auto\" (the default when 'tools' are given) needs calls parsed out of the model's text, and this model's chat template does not teach a call syntax this server parses (Hermes' <tool_call>). Send \"required\", {\"type\": \"function\", \"function\": {\"name\": ...}} or \"none\".")
-		e.Code = "unsupported_parameter"
-		return e
+	if g.toolAuto != nil {
+		if g.toolSyntax = callSyntax(s.backend.ChatTemplate()); g.toolSyntax == "" {
+			e := badRequest("tool_choice", "'tool_choice' \"auto\" (the default when 'tools' are given) needs calls parsed out of the model's text, and this model's chat template does not teach a call syntax this server parses (Hermes' <tool_call>, Llama 3's JSON). Send \"required\", {\"type\": \"function\", \"function\": {\"name\": ...}} or \"none\".")
+			e.Code = "unsupported_parameter"
+			return e
+		}
 	}
 	ids, text, e := s.chatPrompt(msgs, addGen, g.tools)
 	if e != nil {
@@ -593,22 +595,39 @@ func (r *chatResponder) delta(c *call, g *genParams, text string) error {
 		return r.streamCall(c, false)
 	}
 	if g.toolAuto != nil {
-		return r.streamAuto(c, text)
+		return r.streamAuto(c, g.toolSyntax, text)
 	}
 	return c.writeEvent(r.chunk(c, chatDelta{Content: &text}, nil))
 }
 
 // streamAuto streams an "auto" answer's text as content until a call may
-// begin; from its opening tag on, the rest is kept for finish to parse.
-func (r *chatResponder) streamAuto(c *call, text string) error {
+// begin (Hermes: its opening tag; Llama 3: an answer that opens with "{",
+// after leading spaces); from there on, the rest is kept for finish to
+// parse.
+func (r *chatResponder) streamAuto(c *call, syntax, text string) error {
 	r.text = append(r.text, text...)
 	if r.inCall {
 		return nil
 	}
 	all := string(r.text)
-	end := len(all) - heldBack(all)
-	if i := strings.Index(all, hermesOpen); i >= 0 {
-		end, r.inCall = i, true
+	var end int
+	if syntax == syntaxLlama3 {
+		if r.contentSent == 0 {
+			lead := strings.TrimLeft(all, " \t\r\n")
+			switch {
+			case lead == "":
+				return nil // only spaces so far: undecided
+			case lead[0] == '{':
+				r.inCall = true
+				return nil
+			}
+		}
+		end = len(all)
+	} else {
+		end = len(all) - heldBack(all)
+		if i := strings.Index(all, hermesOpen); i >= 0 {
+			end, r.inCall = i, true
+		}
 	}
 	if end <= r.contentSent {
 		return nil
@@ -622,7 +641,7 @@ func (r *chatResponder) streamAuto(c *call, text string) error {
 // call, whole), or, when it holds none, the rest of its text.
 func (r *chatResponder) finishAuto(c *call, g *genParams, reason string) (string, error) {
 	all := string(r.text)
-	_, calls, ok := parseHermes(all, g.toolAuto)
+	_, calls, ok := parseCalls(g.toolSyntax, all, g.toolAuto)
 	if !ok {
 		if more := all[r.contentSent:]; more != "" {
 			if err := c.writeEvent(r.chunk(c, chatDelta{Content: &more}, nil)); err != nil {
@@ -642,8 +661,8 @@ func (r *chatResponder) finishAuto(c *call, g *genParams, reason string) (string
 
 // autoMessage is a non-streamed "auto" answer: its calls, if it holds
 // any, with the text before them as content (null when there is none).
-func autoMessage(text string, names []string, reason string) (map[string]any, string) {
-	content, calls, ok := parseHermes(text, names)
+func autoMessage(syntax, text string, names []string, reason string) (map[string]any, string) {
+	content, calls, ok := parseCalls(syntax, text, names)
 	if !ok {
 		return map[string]any{"role": "assistant", "content": text}, reason
 	}
@@ -711,7 +730,7 @@ func (r *chatResponder) finish(c *call, g *genParams, reason string, u usageJSON
 		case g.toolCall:
 			msg, reason = r.callMessage(reason)
 		case g.toolAuto != nil:
-			msg, reason = autoMessage(string(r.text), g.toolAuto, reason)
+			msg, reason = autoMessage(g.toolSyntax, string(r.text), g.toolAuto, reason)
 		}
 		return c.writeJSON(map[string]any{
 			"id": "chatcmpl-" + c.id.String(), "object": "chat.completion", "created": c.start.Unix(),

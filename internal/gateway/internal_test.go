@@ -221,34 +221,43 @@ func FuzzCharge(f *testing.F) {
 	})
 }
 
-// FuzzParseHermes: whatever a model writes, parsing its "auto" answer
-// never panics, and every call it returns names an offered function with
-// arguments that are a JSON object.
-func FuzzParseHermes(f *testing.F) {
+// FuzzParseCalls: whatever a model writes, parsing its "auto" answer (in
+// either syntax) never panics, and every call it returns names an offered
+// function with arguments that are a JSON object.
+func FuzzParseCalls(f *testing.F) {
 	for _, s := range []string{
 		"Sure.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>",
 		"<tool_call>{\"name\": \"f\"}</tool_call><tool_call>{\"name\": \"g\", \"arguments\": {}}",
 		"<tool_call>{\"name\": \"x\"}</tool_call>", "<tool_call>", "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>", "plain",
+		`{"name": "f", "parameters": {"a": [1]}}; {"name": "g"}`, ` {"name": "f", "arguments": {}} x`,
 	} {
 		f.Add(s)
 	}
 	names := []string{"f", "g"}
 	f.Fuzz(func(t *testing.T, text string) {
-		content, calls, ok := parseHermes(text, names)
-		if !ok {
-			if content != text || calls != nil {
-				t.Fatalf("no calls, yet %q %v", content, calls)
-			}
-			return
-		}
-		if len(calls) == 0 || !strings.Contains(text, hermesOpen) {
-			t.Fatalf("ok without a call in %q", text)
-		}
-		for _, c := range calls {
-			var args map[string]any
-			if !slices.Contains(names, c.name) || json.Unmarshal([]byte(c.args), &args) != nil {
-				t.Fatalf("call %+v from %q", c, text)
-			}
+		for _, syntax := range []string{syntaxHermes, syntaxLlama3} {
+			checkCalls(t, syntax, text, names)
 		}
 	})
+}
+
+// checkCalls checks parseCalls's promises on one text.
+func checkCalls(t *testing.T, syntax, text string, names []string) {
+	t.Helper()
+	content, calls, ok := parseCalls(syntax, text, names)
+	if !ok {
+		if content != text || calls != nil {
+			t.Fatalf("%s: no calls, yet %q %v", syntax, content, calls)
+		}
+		return
+	}
+	if len(calls) == 0 || syntax == syntaxHermes && !strings.Contains(text, hermesOpen) || syntax == syntaxLlama3 && (content != "" || !strings.HasPrefix(strings.TrimSpace(text), "{")) {
+		t.Fatalf("%s: ok without a call in %q", syntax, text)
+	}
+	for _, c := range calls {
+		var args map[string]any
+		if !slices.Contains(names, c.name) || json.Unmarshal([]byte(c.args), &args) != nil {
+			t.Fatalf("%s: call %+v from %q", syntax, c, text)
+		}
+	}
 }

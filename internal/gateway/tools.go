@@ -23,11 +23,11 @@ import (
 //
 // "auto" (the default with tools: the model decides between text and
 // calls) is unconstrained, and the calls are parsed out of the text in the
-// model family's own syntax. The syntax this server parses is Hermes'
-// <tool_call>{"name": ..., "arguments": ...}</tool_call>, which the Hermes 2
-// Pro / Hermes 3 and Qwen 2.5 templates teach; for a template without it,
-// "auto" is refused rather than answered with text that never becomes a
-// call.
+// syntax the model's template teaches: Hermes'
+// <tool_call>{"name": ..., "arguments": ...}</tool_call> (Hermes 2 Pro,
+// Hermes 3, Qwen 2.5) or Llama 3's whole-answer {"name": ..., "parameters":
+// ...} (Llama 3.1, 3.2, 3.3). For a template that teaches neither, "auto"
+// is refused rather than answered with text that never becomes a call.
 
 // maxToolCallID bounds a tool message's tool_call_id.
 const maxToolCallID = 256
@@ -276,10 +276,80 @@ const (
 	hermesClose = "</tool_call>"
 )
 
-// speaksHermes reports whether a chat template teaches Hermes' call
-// syntax, the one "auto" parses.
-func speaksHermes(template string) bool {
-	return strings.Contains(template, hermesOpen) && strings.Contains(template, hermesClose)
+// Call syntaxes "auto" parses, by what the chat template teaches.
+const (
+	syntaxHermes = "hermes"
+	syntaxLlama3 = "llama3"
+)
+
+// callSyntax is the call syntax a chat template teaches, "" if none this
+// server parses.
+func callSyntax(template string) string {
+	switch {
+	case strings.Contains(template, hermesOpen) && strings.Contains(template, hermesClose):
+		return syntaxHermes
+	case strings.Contains(template, `{"name": function name, "parameters": dictionary of argument name and its value}`):
+		return syntaxLlama3
+	}
+	return ""
+}
+
+// parseCalls parses an "auto" answer in syntax.
+func parseCalls(syntax, text string, names []string) (content string, calls []autoCall, ok bool) {
+	if syntax == syntaxLlama3 {
+		return parseLlama3(text, names)
+	}
+	return parseHermes(text, names)
+}
+
+// parseLlama3 parses Llama 3's JSON call syntax: the whole answer is one
+// or more {"name": NAME, "parameters": ARGS} objects ("arguments" is
+// accepted too), separated by semicolons; anything else is text.
+func parseLlama3(text string, names []string) (content string, calls []autoCall, ok bool) {
+	rest := strings.TrimSpace(text)
+	if !strings.HasPrefix(rest, "{") {
+		return text, nil, false
+	}
+	for rest != "" {
+		dec := json.NewDecoder(strings.NewReader(rest))
+		var call struct {
+			Name       *string         `json:"name"`
+			Parameters json.RawMessage `json:"parameters"`
+			Arguments  json.RawMessage `json:"arguments"`
+		}
+		if err := dec.Decode(&call); err != nil || call.Name == nil || !slices.Contains(names, *call.Name) {
+			return text, nil, false
+		}
+		raw := call.Parameters
+		if isNull(raw) {
+			raw = call.Arguments
+		}
+		args, good := objectArgs(raw)
+		if !good {
+			return text, nil, false
+		}
+		calls = append(calls, autoCall{name: *call.Name, args: args})
+		rest = strings.TrimSpace(rest[dec.InputOffset():])
+		if r, sep := strings.CutPrefix(rest, ";"); sep {
+			rest = strings.TrimSpace(r)
+		} else if rest != "" {
+			return text, nil, false
+		}
+	}
+	return "", calls, true
+}
+
+// objectArgs is a call's arguments as compact JSON: an object ({} when
+// absent); ok is false for anything else.
+func objectArgs(raw json.RawMessage) (string, bool) {
+	if isNull(raw) {
+		return "{}", true
+	}
+	var compact bytes.Buffer
+	if json.Compact(&compact, raw) != nil || compact.Bytes()[0] != '{' {
+		return "", false
+	}
+	return compact.String(), true
 }
 
 // autoCall is one call parsed out of an "auto" answer.
@@ -313,15 +383,11 @@ func parseHermes(text string, names []string) (content string, calls []autoCall,
 		if err := dec.Decode(&call); err != nil || call.Name == nil || !slices.Contains(names, *call.Name) {
 			return text, nil, false
 		}
-		args := []byte("{}")
-		if !isNull(call.Arguments) {
-			var compact bytes.Buffer
-			if json.Compact(&compact, call.Arguments) != nil || compact.Bytes()[0] != '{' {
-				return text, nil, false
-			}
-			args = compact.Bytes()
+		args, good := objectArgs(call.Arguments)
+		if !good {
+			return text, nil, false
 		}
-		calls = append(calls, autoCall{name: *call.Name, args: string(args)})
+		calls = append(calls, autoCall{name: *call.Name, args: args})
 		after := strings.TrimSpace(body[dec.InputOffset():])
 		after, closed := strings.CutPrefix(after, hermesClose)
 		rest = strings.TrimSpace(after)

@@ -131,12 +131,43 @@ func TestToolRefusals(t *testing.T) {
 	}
 }
 
-// TestToolAuto: with tool_choice "auto" and a template that teaches
-// Hermes' <tool_call> syntax, calls in the answer come back as tool_calls
-// (the text before them as content), streamed and not; an answer without
-// a well-formed call of an offered function stays text.
+// autoCase is an "auto" answer and what it must come back as.
+type autoCase struct {
+	name, reply, content, finish string
+	calls                        []string // name(arguments)
+}
+
+// TestToolAuto: with tool_choice "auto" and a template that teaches a call
+// syntax (Hermes' <tool_call>, Llama 3's JSON), calls in the answer come
+// back as tool_calls (the text before them as content), streamed and not;
+// an answer without a well-formed call of an offered function stays text.
 func TestToolAuto(t *testing.T) {
-	src, err := os.ReadFile(filepath.Join(testdata.Path(t, "templates"), "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja"))
+	t.Run("hermes", func(t *testing.T) {
+		testToolAuto(t, "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", []autoCase{
+			{"one call", "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>", "Let me check.", "tool_calls",
+				[]string{`get_weather({"city":"Paris"})`}},
+			{"two calls, no text", "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"A\"}}</tool_call>\n<tool_call>\n{\"arguments\": {}, \"name\": \"get_weather\"}\n", "", "tool_calls",
+				[]string{`get_weather({"city":"A"})`, `get_weather({})`}},
+			{"text only", "It is sunny in <b>Paris</b>.", "It is sunny in <b>Paris</b>.", "stop", nil},
+			{"unknown function", "<tool_call>{\"name\": \"rm\", \"arguments\": {}}</tool_call>", "<tool_call>{\"name\": \"rm\", \"arguments\": {}}</tool_call>", "stop", nil},
+			{"malformed", "<tool_call>{\"name\": \"get_weather\", \"arguments\": {</tool_call>", "<tool_call>{\"name\": \"get_weather\", \"arguments\": {</tool_call>", "stop", nil},
+		})
+	})
+	t.Run("llama3", func(t *testing.T) {
+		testToolAuto(t, "meta-llama-Llama-3.1-8B-Instruct.jinja", []autoCase{
+			{"one call", `{"name": "get_weather", "parameters": {"city": "Paris"}}`, "", "tool_calls", []string{`get_weather({"city":"Paris"})`}},
+			{"two calls", " {\"name\": \"get_weather\", \"parameters\": {\"city\": \"A\"}}; {\"name\": \"get_weather\", \"arguments\": {}}\n", "", "tool_calls",
+				[]string{`get_weather({"city":"A"})`, `get_weather({})`}},
+			{"text only", "It is sunny {mostly}.", "It is sunny {mostly}.", "stop", nil},
+			{"unknown function", `{"name": "rm", "parameters": {}}`, `{"name": "rm", "parameters": {}}`, "stop", nil},
+			{"call after text", `Answer: {"name": "get_weather", "parameters": {}}`, `Answer: {"name": "get_weather", "parameters": {}}`, "stop", nil},
+			{"trailing text", `{"name": "get_weather", "parameters": {}} done`, `{"name": "get_weather", "parameters": {}} done`, "stop", nil},
+		})
+	})
+}
+
+func testToolAuto(t *testing.T, template string, cases []autoCase) {
+	src, err := os.ReadFile(filepath.Join(testdata.Path(t, "templates"), template))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,18 +182,7 @@ func TestToolAuto(t *testing.T) {
 		ID, Type string
 		Function struct{ Name, Arguments string }
 	}
-	for _, tc := range []struct {
-		name, reply, content, finish string
-		calls                        []string // name(arguments)
-	}{
-		{"one call", "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>", "Let me check.", "tool_calls",
-			[]string{`get_weather({"city":"Paris"})`}},
-		{"two calls, no text", "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"A\"}}</tool_call>\n<tool_call>\n{\"arguments\": {}, \"name\": \"get_weather\"}\n", "", "tool_calls",
-			[]string{`get_weather({"city":"A"})`, `get_weather({})`}},
-		{"text only", "It is sunny in <b>Paris</b>.", "It is sunny in <b>Paris</b>.", "stop", nil},
-		{"unknown function", "<tool_call>{\"name\": \"rm\", \"arguments\": {}}</tool_call>", "<tool_call>{\"name\": \"rm\", \"arguments\": {}}</tool_call>", "stop", nil},
-		{"malformed", "<tool_call>{\"name\": \"get_weather\", \"arguments\": {</tool_call>", "<tool_call>{\"name\": \"get_weather\", \"arguments\": {</tool_call>", "stop", nil},
-	} {
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			reply = tc.reply
 			body := map[string]any{"messages": []any{map[string]any{"role": "user", "content": "Weather in Paris?"}}, "tools": []any{weatherTool}}
