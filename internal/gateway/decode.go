@@ -154,6 +154,7 @@ type genParams struct {
 	// are parsed out of the answer (nil otherwise), in toolSyntax.
 	toolAuto   []string
 	toolSyntax string
+	oneCall    bool // parallel_tool_calls: false
 }
 
 // message is a validated chat message.

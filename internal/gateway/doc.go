@@ -47,12 +47,12 @@
 //	                           strict), tools (functions, ≤ 128),
 //	                           tool_choice ("none", "auto" with a Hermes
 //	                           or Llama 3 template, "required", a named
-//	                           function)
+//	                           function), parallel_tool_calls (false:
+//	                           "auto" keeps the first call)
 //	honoured, completions      prompt (one: text or token ids)
 //	accepted (no effect)       user; chat: metadata (≤ 16 pairs),
 //	                           prompt_cache_key, prompt_cache_retention,
-//	                           safety_identifier, parallel_tool_calls
-//	                           (one call is made either way)
+//	                           safety_identifier
 //	refused unless default     n (1), top_logprobs; chat: logprobs (false),
 //	                           functions ([]),
 //	                           function_call ("none"), modalities (["text"]),

@@ -111,16 +111,15 @@ var sharedFields = concat(
 // OpenAI's chat completion request, and the extensions above.
 var chatFields = concat(sharedFields,
 	honour("messages", "add_generation_prompt", "response_format",
-		// tool_choice "required" or a named function (tools.go).
-		"tools", "tool_choice"),
+		// tools.go; parallel_tool_calls: false keeps the first of several
+		// calls an "auto" answer makes (a constrained call is one call).
+		"tools", "tool_choice", "parallel_tool_calls"),
 	// Not sampling knobs. metadata and store go with OpenAI's stored
 	// completions, which this server does not keep (store: true is
 	// refused, since a client would then expect to read them back);
 	// prompt_cache_key and prompt_cache_retention are hints for OpenAI's
 	// cache routing; safety_identifier replaces user.
-	accept("metadata", "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
-		// One call is made either way: within what true and false allow.
-		"parallel_tool_calls"),
+	accept("metadata", "prompt_cache_key", "prompt_cache_retention", "safety_identifier"),
 	[]knownField{
 		refuse("store", "Storing completions ('store': true)", "false"),
 		refuse("logprobs", "'logprobs'", "false"),

@@ -642,6 +642,9 @@ func (r *chatResponder) streamAuto(c *call, syntax, text string) error {
 func (r *chatResponder) finishAuto(c *call, g *genParams, reason string) (string, error) {
 	all := string(r.text)
 	_, calls, ok := parseCalls(g.toolSyntax, all, g.toolAuto)
+	if g.oneCall && len(calls) > 1 {
+		calls = calls[:1]
+	}
 	if !ok {
 		if more := all[r.contentSent:]; more != "" {
 			if err := c.writeEvent(r.chunk(c, chatDelta{Content: &more}, nil)); err != nil {
@@ -661,8 +664,11 @@ func (r *chatResponder) finishAuto(c *call, g *genParams, reason string) (string
 
 // autoMessage is a non-streamed "auto" answer: its calls, if it holds
 // any, with the text before them as content (null when there is none).
-func autoMessage(syntax, text string, names []string, reason string) (map[string]any, string) {
-	content, calls, ok := parseCalls(syntax, text, names)
+func autoMessage(g *genParams, text, reason string) (map[string]any, string) {
+	content, calls, ok := parseCalls(g.toolSyntax, text, g.toolAuto)
+	if g.oneCall && len(calls) > 1 {
+		calls = calls[:1] // parallel_tool_calls: false
+	}
 	if !ok {
 		return map[string]any{"role": "assistant", "content": text}, reason
 	}
@@ -730,7 +736,7 @@ func (r *chatResponder) finish(c *call, g *genParams, reason string, u usageJSON
 		case g.toolCall:
 			msg, reason = r.callMessage(reason)
 		case g.toolAuto != nil:
-			msg, reason = autoMessage(g.toolSyntax, string(r.text), g.toolAuto, reason)
+			msg, reason = autoMessage(g, string(r.text), reason)
 		}
 		return c.writeJSON(map[string]any{
 			"id": "chatcmpl-" + c.id.String(), "object": "chat.completion", "created": c.start.Unix(),

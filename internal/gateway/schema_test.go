@@ -244,7 +244,12 @@ var chatCases = []fieldCase{
 			map[string]any{"type": "function", "function": map[string]any{"name": "g", "parameters": map[string]any{"type": "object"}}},
 		}},
 		check: constrains(grammar.ToolCall, `[{"name":"g","parameters":{"type":"object"}}]`)},
-	acceptedField("parallel_tool_calls", false),
+	// Its effect (an "auto" answer's calls cut to the first) needs a
+	// template with a call syntax: TestToolAuto shows it; here, that a
+	// constrained call is the same one call.
+	{field: "parallel_tool_calls", use: "honoured", value: false,
+		extra: map[string]any{"tools": []any{map[string]any{"type": "function", "function": map[string]any{"name": "f"}}}, "tool_choice": "required"},
+		check: constrains(grammar.ToolCall, `[{"name":"f"}]`)},
 	refusedField("functions", []any{map[string]any{"name": "f"}}, []any{}),
 	refusedField("function_call", "auto", "none"),
 	{field: "response_format", use: "honoured", value: map[string]any{"type": "json_schema", "json_schema": map[string]any{

@@ -40,8 +40,9 @@ func parseTools(rawTools, rawChoice, rawParallel json.RawMessage, g *genParams) 
 		if json.Unmarshal(rawParallel, &b) != nil {
 			return badRequest("parallel_tool_calls", "'parallel_tool_calls' must be a boolean.")
 		}
-		// Either way one call is made: true allows one or more, false
-		// asks for at most one.
+		// A constrained call is one call either way; with "auto", false
+		// keeps the first of several calls.
+		g.oneCall = !b
 	}
 	var tools []struct {
 		Type     string `json:"type"`

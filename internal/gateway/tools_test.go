@@ -143,7 +143,7 @@ type autoCase struct {
 // an answer without a well-formed call of an offered function stays text.
 func TestToolAuto(t *testing.T) {
 	t.Run("hermes", func(t *testing.T) {
-		testToolAuto(t, "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", []autoCase{
+		testToolAuto(t, "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", nil, []autoCase{
 			{"one call", "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>", "Let me check.", "tool_calls",
 				[]string{`get_weather({"city":"Paris"})`}},
 			{"two calls, no text", "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"A\"}}</tool_call>\n<tool_call>\n{\"arguments\": {}, \"name\": \"get_weather\"}\n", "", "tool_calls",
@@ -154,7 +154,7 @@ func TestToolAuto(t *testing.T) {
 		})
 	})
 	t.Run("llama3", func(t *testing.T) {
-		testToolAuto(t, "meta-llama-Llama-3.1-8B-Instruct.jinja", []autoCase{
+		testToolAuto(t, "meta-llama-Llama-3.1-8B-Instruct.jinja", nil, []autoCase{
 			{"one call", `{"name": "get_weather", "parameters": {"city": "Paris"}}`, "", "tool_calls", []string{`get_weather({"city":"Paris"})`}},
 			{"two calls", " {\"name\": \"get_weather\", \"parameters\": {\"city\": \"A\"}}; {\"name\": \"get_weather\", \"arguments\": {}}\n", "", "tool_calls",
 				[]string{`get_weather({"city":"A"})`, `get_weather({})`}},
@@ -164,9 +164,15 @@ func TestToolAuto(t *testing.T) {
 			{"trailing text", `{"name": "get_weather", "parameters": {}} done`, `{"name": "get_weather", "parameters": {}} done`, "stop", nil},
 		})
 	})
+	t.Run("parallel_tool_calls false", func(t *testing.T) {
+		testToolAuto(t, "meta-llama-Llama-3.1-8B-Instruct.jinja", map[string]any{"parallel_tool_calls": false}, []autoCase{
+			{"first of two calls", `{"name": "get_weather", "parameters": {"city": "A"}}; {"name": "get_weather", "parameters": {}}`, "", "tool_calls",
+				[]string{`get_weather({"city":"A"})`}},
+		})
+	})
 }
 
-func testToolAuto(t *testing.T, template string, cases []autoCase) {
+func testToolAuto(t *testing.T, template string, extra map[string]any, cases []autoCase) {
 	src, err := os.ReadFile(filepath.Join(testdata.Path(t, "templates"), template))
 	if err != nil {
 		t.Fatal(err)
@@ -186,6 +192,9 @@ func testToolAuto(t *testing.T, template string, cases []autoCase) {
 		t.Run(tc.name, func(t *testing.T) {
 			reply = tc.reply
 			body := map[string]any{"messages": []any{map[string]any{"role": "user", "content": "Weather in Paris?"}}, "tools": []any{weatherTool}}
+			for k, v := range extra {
+				body[k] = v
+			}
 			r := h.post("/v1/chat/completions", keyAlpha, body)
 			if r.status != 200 {
 				t.Fatalf("status %d: %s", r.status, r.body)
