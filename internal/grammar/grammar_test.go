@@ -554,3 +554,38 @@ func TestToolCallOutputsValidate(t *testing.T) {
 	}
 	t.Logf("%d calls ended and validated", ended)
 }
+
+// TestMaskCache: a state's mask is computed once and then served from the
+// cache (the same slice); inside a string the state does not change from
+// token to token, so a long string costs one computation.
+func TestMaskCache(t *testing.T) {
+	v, pieces := testVocab()
+	b := mustCompile(t, JSONObject, false, "").Bind(v)
+	m := b.NewMatcher()
+	id := func(s string) int {
+		for i, p := range pieces {
+			if string(p) == s {
+				return i
+			}
+		}
+		t.Fatalf("no token %q", s)
+		return -1
+	}
+	for _, s := range []string{`{"`, `name`, `":`, ` "`} {
+		if err := m.Accept(id(s)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := m.Mask()
+	for _, s := range []string{`hello`, ` world`, `x`, `cat`} {
+		if err := m.Accept(id(s)); err != nil {
+			t.Fatal(err)
+		}
+		if got := m.Mask(); &got[0] != &first[0] {
+			t.Fatalf("after %q inside the string the mask was computed again", s)
+		}
+	}
+	if hits, misses := b.CacheStats(); hits != 4 || misses != 1 {
+		t.Errorf("hits %d misses %d, want 4 and 1", hits, misses)
+	}
+}

@@ -132,9 +132,6 @@ func NewVocab(size int, piece func(id int) []byte, isEnd func(id int) bool) *Voc
 	return v
 }
 
-// Size is the number of token ids.
-func (v *Vocab) Size() int { return v.size }
-
 // MaskWords is the length of a mask for v, in 64-bit words.
 func (v *Vocab) MaskWords() int { return (v.size + 63) / 64 }
 
@@ -164,9 +161,6 @@ type Bound struct {
 func (g *Grammar) Bind(v *Vocab) *Bound {
 	return &Bound{g: g, v: v, cache: map[string][]uint64{}}
 }
-
-// Grammar returns the bound grammar.
-func (b *Bound) Grammar() *Grammar { return b.g }
 
 // CacheStats returns the mask cache's hits and misses so far.
 func (b *Bound) CacheStats() (hits, misses uint64) {
