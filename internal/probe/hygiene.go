@@ -3,10 +3,12 @@ package probe
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 )
 
 // prefixCache: a key's repeated prompt reports cached tokens; the same
@@ -37,7 +39,7 @@ func (p *prober) prefixCache(ctx context.Context) Check {
 		}
 		pre := fmt.Sprintf("key%d_", owner)
 		nums[pre+"first_cached"], nums[pre+"again_cached"], nums[pre+"other_key_cached"] = first.usage.cached(), again.usage.cached(), foreign.usage.cached()
-		nums[pre+"first_ms"], nums[pre+"again_ms"], nums[pre+"other_key_ms"] = first.elapsed.Milliseconds(), again.elapsed.Milliseconds(), foreign.elapsed.Milliseconds()
+		nums[pre+"first_ms"], nums[pre+"again_ms"], nums[pre+"other_key_ms"] = ms(first.elapsed), ms(again.elapsed), ms(foreign.elapsed)
 		if again.usage.cached() > 0 {
 			hits++
 		}
@@ -189,6 +191,9 @@ func (p *prober) overload(ctx context.Context) Check {
 	}
 	return c
 }
+
+// ms is d in milliseconds to a tenth.
+func ms(d time.Duration) float64 { return math.Round(float64(d)/1e5) / 10 }
 
 // retryAfter reports what is wrong with a Retry-After value, or "".
 func retryAfter(v string) string {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"sort"
 	"strings"
 )
 
@@ -71,6 +72,18 @@ func (r *Report) WriteSummary(w io.Writer) {
 		fmt.Fprintf(w, "%-4s  %-13s %s\n", strings.ToUpper(string(c.Verdict)), c.Name, c.Reason)
 		if c.Verdict == Fail {
 			failed++
+		}
+		if len(c.Numbers) > 0 && c.Name != "canaries" {
+			names := make([]string, 0, len(c.Numbers))
+			for k := range c.Numbers {
+				names = append(names, k)
+			}
+			sort.Strings(names)
+			var b strings.Builder
+			for _, k := range names {
+				fmt.Fprintf(&b, " %s=%v", k, c.Numbers[k])
+			}
+			fmt.Fprintf(w, "      (%d requests;%s)\n", c.Requests, b.String())
 		}
 		for _, ev := range c.Evidence {
 			fmt.Fprintf(w, "      - %s\n", ev.What)
