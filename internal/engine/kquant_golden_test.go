@@ -19,23 +19,21 @@ import (
 	"github.com/pagewarden/pagewarden/internal/request"
 )
 
-// kquantGolden is testdata/135m-kquant-llamacpp.json. It was made with
-// llama.cpp c392e5094 (b4748, the build of ../../shared/testdata/golden;
-// CPU, -march=native on an AVX-512 EPYC, OpenMP, llamafile sgemm), outside
-// the repository:
+// kquantGolden is testdata/kquant-llamacpp.json. It was made with llama.cpp
+// c392e5094 (b4748, the build of ../../shared/testdata/golden; CPU,
+// -march=native on an AVX-512 EPYC, OpenMP, llamafile sgemm), outside the
+// repository:
 //
-//  1. `pagewarden convert --builtin 135m-f32 --out 135m-f32.gguf`;
+//  1. the F32 model of each file's shape, written by the project
+//     (`pagewarden convert --builtin 135m-f32`, or model.BuiltinGGUF of the
+//     spec given in the file);
 //  2. llama_model_quantize with its default parameters (what
-//     `llama-quantize 135m-f32.gguf out.gguf Q4_K_M` runs; no importance
-//     matrix) for LLAMA_FTYPE_MOSTLY_Q4_K_M and _Q5_K_M, with
-//     ggml-quants.c compiled -ffp-contract=off: gcc otherwise fuses a
-//     multiply and add of the reference quantisers into an FMA on this
-//     CPU, which moves about one block in 10^5 by one step (the same
-//     ggml sources, rounded as C specifies, are what package quant is held
-//     to bit for bit). The hidden size
-//     576 is not a multiple of 256, so llama-quantize falls back to Q5_0
-//     (Q4_K_M) or Q5_1 (Q5_K_M) for most matrices and to Q8_0 for the Q6_K
-//     ones; only ffn_down (1536 columns) keeps K-quants;
+//     `llama-quantize f32.gguf out.gguf Q4_K_M` runs; no importance
+//     matrix) for the file's ftype, with ggml-quants.c compiled
+//     -ffp-contract=off: gcc otherwise fuses a multiply and add of the
+//     reference quantisers into an FMA on this CPU, which moves about one
+//     block in 10^5 by one step (the same ggml sources, rounded as C
+//     specifies, are what package quant is held to bit for bit);
 //  3. types: each tensor's type in the quantised file (per-layer tensors
 //     as one list indexed by layer, norms left out: they stay F32), and
 //     tensor_sha256: sha256 over name, NUL, type name, NUL, data of every
@@ -45,11 +43,19 @@ import (
 //     position, KV cache F32, flash attention off, 2 threads, and writes
 //     the five most likely tokens of each position with their natural-log
 //     probability (exact log-softmax of the raw logits over the whole
-//     vocabulary, rounded to 4 decimals).
+//     vocabulary, rounded to 3 decimals).
+//
+// The 135M shape's hidden size 576 is not a multiple of 256, so
+// llama-quantize falls back to Q5_0 (Q4_K_M), Q5_1 (Q5_K_M) or IQ4_NL
+// (Q3_K_M, IQ4_XS) for most matrices and to Q8_0 for the Q6_K ones; only
+// ffn_down (1536 columns) keeps K-quants. The small kq-small shape (192,
+// 512) mixes the same way; kq-256 (256, 768) has no fall-backs, so its
+// Q2_K file is Q2_K and Q3_K throughout.
 type kquantGolden struct {
-	Builtin string `json:"builtin"`
-	Files   []struct {
+	Files []struct {
 		Ftype        string              `json:"ftype"`
+		Builtin      string              `json:"builtin"` // a model.Builtins name, or
+		Spec         *model.BuiltinSpec  `json:"spec"`    // a shape of its own
 		Types        map[string][]string `json:"types"`
 		TensorSHA256 string              `json:"tensor_sha256"`
 		Seqs         []struct {
@@ -59,23 +65,23 @@ type kquantGolden struct {
 	} `json:"files"`
 }
 
-// TestKQuantMixesMatchLlamaCpp is the user's first download: Q4_K_M and
-// Q5_K_M files as llama-quantize makes them of a model whose hidden size is
-// not a multiple of 256 (the 135M shape, as SmolLM), mixing Q5_0/Q5_1,
-// Q8_0, Q4_K/Q5_K and Q6_K. The file is rebuilt here from the builtin F32
-// weights with the project's quantisers and the golden's type map; its
-// tensors must be byte-identical to llama-quantize's (so the file under
-// test is the one llama.cpp evaluated), it must load, and its teacher-forced
-// top-5 log-probabilities must match llama.cpp's within the K-quant
-// tolerance of the d256 goldens: llama.cpp's x86 kernels sum the same exact
-// integer block products in another float order than ggml's scalar code,
-// which the engine follows, and with 8-bit activations a last-bit
-// difference can flip a rounding (see shared/testdata/golden/README.md).
+// TestKQuantMixesMatchLlamaCpp is the user's first download: files as
+// llama-quantize makes them, Q4_K_M and Q5_K_M of the 135M shape (as
+// SmolLM), and Q3_K_M, IQ4_XS, Q4_1 and Q2_K of small shapes, which
+// between them use every added type (Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K,
+// Q5_K, IQ4_XS) beside Q8_0, Q4_K and Q6_K. Each file is rebuilt here from the builtin F32 weights
+// with the project's quantisers and the golden's type map; its tensors
+// must be byte-identical to llama-quantize's (so the file under test is
+// the one llama.cpp evaluated), it must load, and its teacher-forced top-5
+// log-probabilities must match llama.cpp's: llama.cpp's x86 kernels sum the
+// same exact integer block products in another float order than ggml's
+// scalar code, which the engine follows, and with 8-bit activations a
+// last-bit difference can flip a rounding (shared/testdata/golden/README.md).
 func TestKQuantMixesMatchLlamaCpp(t *testing.T) {
 	if testing.Short() {
-		t.Skip("-short: builds and runs two 135M-parameter models (about 20 s)")
+		t.Skip("-short: builds and runs two 135M-parameter models (about 30 s)")
 	}
-	data, err := os.ReadFile("testdata/135m-kquant-llamacpp.json")
+	data, err := os.ReadFile("testdata/kquant-llamacpp.json")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,12 +89,11 @@ func TestKQuantMixesMatchLlamaCpp(t *testing.T) {
 	if err := json.Unmarshal(data, &g); err != nil {
 		t.Fatal(err)
 	}
-	spec, ok := model.Builtins[g.Builtin]
-	if !ok || len(g.Files) != 2 {
-		t.Fatalf("golden: builtin %q, %d files", g.Builtin, len(g.Files))
+	if len(g.Files) != 6 {
+		t.Fatalf("golden: %d files, want 6", len(g.Files))
 	}
 	// The d256 goldens' K-quant tolerance is 0.1 (hard 0.2); these files
-	// stay well inside it (largest difference 0.025 when recorded), so the
+	// stay well inside it (largest difference 0.026 when recorded), so the
 	// bound is halved and the documented tolerance is the hard limit.
 	const (
 		tol      = 0.05 // |logprob| tolerance on the top 5 ...
@@ -97,6 +102,13 @@ func TestKQuantMixesMatchLlamaCpp(t *testing.T) {
 	)
 	for _, gf := range g.Files {
 		t.Run(gf.Ftype, func(t *testing.T) {
+			spec, ok := model.Builtins[gf.Builtin]
+			if gf.Spec != nil {
+				spec, ok = *gf.Spec, gf.Builtin == ""
+			}
+			if !ok {
+				t.Fatalf("golden: no shape for %s (builtin %q)", gf.Ftype, gf.Builtin)
+			}
 			typeOf := func(name string) quant.Type {
 				key, layer := name, 0
 				if rest, ok := strings.CutPrefix(name, "blk."); ok {
