@@ -47,11 +47,13 @@ func chromium(t *testing.T) string {
 type testExecutor struct {
 	mu      sync.Mutex
 	corrupt map[request.Tenant]bool
+	delay   time.Duration // per batch: slows running requests down to be watched
 }
 
 func (e *testExecutor) Execute(_ context.Context, b *sched.Batch) ([]sched.Outcome, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	time.Sleep(e.delay)
 	outs := make([]sched.Outcome, len(b.Items))
 	for i, it := range b.Items {
 		outs[i] = sched.Outcome{Owner: it.View.Owner(), Token: 1}
@@ -206,8 +208,42 @@ func TestPageMapInBrowser(t *testing.T) {
 	step("events", err)
 	summary, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(`#pool-node-0 .summary`)))
 	step("summary", err)
+
+	// Live: two requests of acme whose prompt's first pages are in the
+	// prefix cache run slowly; the page follows the stream and shows
+	// their shared prefix pages and owned pages, in acme's colour only.
+	exec.mu.Lock()
+	exec.delay = 60 * time.Millisecond
+	exec.mu.Unlock()
+	var live sync.WaitGroup
+	for range 2 {
+		live.Add(1)
+		go func() {
+			defer live.Done()
+			s, err := sn.Submit(ctx, request.Params{Owner: request.Owner{Tenant: "acme"}, Prompt: prompt(17, 0), MaxTokens: 40})
+			if err != nil {
+				t.Errorf("live submit: %v", err)
+				return
+			}
+			s.Result()
+		}()
+	}
+	step("live", chromedp.Do(bctx,
+		chromedp.WaitVisible(chromedp.CSS(`#pool-node-0 .cell[data-state="shared"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#pool-node-0 .cell[data-state="owned"]`)),
+	))
+	running, err := chromedp.Run(bctx, chromedp.Evaluate[[]cellDOM](`Array.from(document.querySelectorAll(
+		'#pool-node-0 .cell[data-state="owned"], #pool-node-0 .cell[data-state="shared"]')).map(c => ({
+		id: c.dataset.id, state: c.dataset.state, tenant: c.dataset.tenant || "", title: c.title}))`))
+	step("live cells", err)
+	for _, c := range running {
+		if c.Tenant != "acme" || !strings.Contains(c.Title, "tenant acme") {
+			t.Errorf("live cell %+v: only acme is running", c)
+		}
+	}
 	png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
 	step("screenshot", err)
+	live.Wait()
 	dir := os.Getenv("PAGEWARDEN_SCREENSHOT_DIR")
 	if dir == "" {
 		dir = t.TempDir()
