@@ -84,10 +84,10 @@
 // engine masks every draw with it, so the output parses and validates (or,
 // cut by max_tokens, is a prefix of such output, with finish "length").
 // The JSON Schema subset is package grammar's: type, properties, required,
-// additionalProperties (false), items, enum, const, anyOf/oneOf whose
-// branches begin differently, $ref to $defs; any other keyword is a 400
-// unsupported_parameter naming response_format (or guided_json) and the
-// keyword. strict: true needs every property required and
+// additionalProperties (false), items, minItems/maxItems, enum, const,
+// anyOf/oneOf whose branches begin differently, $ref to $defs; any other
+// keyword is a 400 unsupported_parameter naming response_format (or
+// guided_json) and the keyword. strict: true needs every property required and
 // additionalProperties: false, as OpenAI's does. Properties come in the
 // schema's order, with at most one space between tokens. Not with
 // ignore_eos (the value ends with the end-of-sequence token).

@@ -9,7 +9,7 @@ type frame struct {
 	node  uint16
 	phase uint8
 	ws    uint8  // 1 when the current gap has had its one space
-	i     uint16 // object: next property; string: UTF-8 bytes still due; literal: trie node
+	i     uint16 // object: next property; string: UTF-8 bytes still due; literal: trie node; array: items begun
 	k     uint16 // object: candidate property being matched; string: low bound of the next byte
 	off   uint16 // object: bytes of the key matched; string: high bound of the next byte
 }
@@ -346,11 +346,15 @@ func (g *Grammar) stepArray(s *State, f *frame, n *node, b byte) int {
 		if space(f, b) {
 			return rTaken
 		}
-		if b == ']' && f.phase == pFirstItem {
+		if b == ']' && f.phase == pFirstItem && n.minItems == 0 {
 			s.n--
 			return rTaken
 		}
+		if n.maxItems >= 0 && int(f.i) >= n.maxItems {
+			return rNo
+		}
 		f.phase, f.ws = pAfterVal, 0
+		f.i++
 		return g.push(s, n.items, b)
 	case pAfterVal:
 		if space(f, b) {
@@ -358,9 +362,15 @@ func (g *Grammar) stepArray(s *State, f *frame, n *node, b byte) int {
 		}
 		switch b {
 		case ',':
+			if n.maxItems >= 0 && int(f.i) >= n.maxItems {
+				return rNo
+			}
 			f.phase, f.ws = pBeforeItem, 0
 			return rTaken
 		case ']':
+			if int(f.i) < n.minItems {
+				return rNo
+			}
 			s.n--
 			return rTaken
 		}

@@ -10,12 +10,13 @@
 // Supported schema keywords: type (object, array, string, number, integer,
 // boolean, null, or a list of them), properties, required,
 // additionalProperties (absent or false where properties are given),
-// items, enum, const, anyOf and oneOf (when their branches begin with
+// items, minItems and maxItems (up to MaxItemsBound), enum, const, anyOf
+// and oneOf (when their branches begin with
 // different bytes, so that the first byte decides), $ref to "#/$defs/NAME"
 // or "#/definitions/NAME" (inlined; a cycle is refused), and the
 // annotations title, description, default, examples, $schema, $id,
 // $comment, deprecated, readOnly, writeOnly. Every other keyword (pattern,
-// format, minLength, minimum, minItems, patternProperties, allOf, ...) is
+// format, minLength, minimum, uniqueItems, patternProperties, allOf, ...) is
 // refused with a *SchemaError naming it: a constraint we cannot enforce
 // must not be silently dropped.
 //

@@ -71,6 +71,11 @@ func TestAutomaton(t *testing.T) {
 		{name: "refs inlined", kind: JSONSchema,
 			schema:   `{"$defs":{"p":{"type":"object","properties":{"x":{"type":"integer"}},"required":["x"],"additionalProperties":false}},"type":"array","items":{"$ref":"#/$defs/p"}}`,
 			complete: []string{`[]`, `[{"x":1}, {"x":2}]`}, refused: []string{`[{"y":1}]`, `[1]`}},
+		{name: "item counts", kind: JSONSchema, schema: `{"type":"array","items":{"type":"integer"},"minItems":1,"maxItems":2}`,
+			complete: []string{`[1]`, `[1, 2]`, `[ 3 ]`}, prefix: []string{`[`, `[1,`, `[1, 2`},
+			refused: []string{`[]`, `[ ]`, `[1,2,`, `[1, 2, 3`}},
+		{name: "exactly zero items", kind: JSONSchema, schema: `{"type":"array","maxItems":0}`,
+			complete: []string{`[]`, `[ ]`}, refused: []string{`[1`}},
 		{name: "closed empty object", kind: JSONSchema, schema: `{"type":"object","additionalProperties":false}`,
 			complete: []string{`{}`, `{ }`}, refused: []string{`{"a"`}},
 	} {
@@ -106,7 +111,10 @@ func TestSchemaRefusals(t *testing.T) {
 		{`{"type":"string","minLength":1}`, false, "minLength"},
 		{`{"type":"integer","minimum":0}`, false, "minimum"},
 		{`{"type":"object","patternProperties":{"a":{}}}`, false, "patternProperties"},
-		{`{"type":"array","minItems":1}`, false, "minItems"},
+		{`{"type":"array","minItems":-1}`, false, "minItems"},
+		{`{"type":"array","maxItems":1.5}`, false, "maxItems"},
+		{`{"type":"array","minItems":3,"maxItems":2}`, false, "minItems"},
+		{`{"type":"array","uniqueItems":true}`, false, "uniqueItems"},
 		{`{"allOf":[{}]}`, false, "allOf"},
 		{`{"type":"object","properties":{"a":{}},"additionalProperties":{"type":"string"}}`, false, "additionalProperties"},
 		{`{"type":"object","properties":{"a":{"type":"string"}},"additionalProperties":false}`, true, "required"},
@@ -236,6 +244,7 @@ var propertySchemas = []string{
 	`{"type":"array","items":{"anyOf":[{"type":"string"},{"type":"integer"},{"type":"null"}]}}`,
 	`{"type":"object","properties":{"a":{"type":"object","properties":{"b":{"type":"array","items":{"type":"boolean"}}},"required":["b"],"additionalProperties":false},"c":{"const":{"k":[1,"2"]}}},"required":["c"]}`,
 	`{"type":"object"}`,
+	`{"type":"array","items":{"type":"array","items":{"enum":[1,2]},"minItems":2,"maxItems":3},"maxItems":2}`,
 }
 
 // TestOutputsValidate is the property: whatever the mask lets through,
@@ -380,6 +389,12 @@ func validateType(root any, s map[string]any, typ, v any) error {
 		if !ok {
 			return fmt.Errorf("%v is not an array", v)
 		}
+		if n, ok := s["minItems"].(json.Number); ok && len(a) < mustInt(n) {
+			return fmt.Errorf("%v has fewer than %v items", v, n)
+		}
+		if n, ok := s["maxItems"].(json.Number); ok && len(a) > mustInt(n) {
+			return fmt.Errorf("%v has more than %v items", v, n)
+		}
 		for _, e := range a {
 			if err := validate(root, s["items"], e); err != nil {
 				return err
@@ -427,6 +442,14 @@ func decode(text string) (any, error) {
 		return nil, fmt.Errorf("trailing data in %q", text)
 	}
 	return v, nil
+}
+
+func mustInt(n json.Number) int {
+	i, err := n.Int64()
+	if err != nil {
+		panic(err)
+	}
+	return int(i)
 }
 
 func asList(v any) []any { l, _ := v.([]any); return l }

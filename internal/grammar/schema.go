@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 )
 
@@ -72,6 +73,7 @@ const (
 	MaxDepth       = 32       // nesting of the output (and of a schema)
 	MaxEnum        = 256      // values of one enum
 	MaxLiteral     = 1024     // bytes of one enum value or property key as JSON
+	MaxItemsBound  = 4096     // largest minItems or maxItems (the item count lives in a frame)
 )
 
 // Spec is a constraint as it travels: a kind and, for JSONSchema, the
@@ -279,6 +281,8 @@ type node struct {
 	props    []prop // kObject; nil with generic set means any keys
 	generic  bool   // kObject: any keys, any values
 	items    int    // kArray: item node
+	minItems int    // kArray: bounds on the item count; maxItems -1: none
+	maxItems int
 	lits     []litNode
 	branches []int     // kAnyOf
 	first    [256]bool // bytes a value of this node may begin with
@@ -330,7 +334,7 @@ var annotations = map[string]bool{
 }
 
 var handled = map[string]bool{
-	"type": true, "properties": true, "required": true, "additionalProperties": true,
+	"type": true, "properties": true, "required": true, "additionalProperties": true, "minItems": true, "maxItems": true,
 	"items": true, "enum": true, "const": true, "anyOf": true, "oneOf": true, "$ref": true,
 }
 
@@ -387,7 +391,7 @@ func (g *Grammar) generics() {
 	g.anyLit = g.add(literals([][]byte{[]byte("true"), []byte("false"), []byte("null")}))
 	g.anyNode = g.add(node{kind: kAny})
 	g.anyObj = g.add(node{kind: kObject, generic: true})
-	g.anyArr = g.add(node{kind: kArray, items: g.anyNode})
+	g.anyArr = g.add(node{kind: kArray, items: g.anyNode, maxItems: -1})
 	g.closeBrace = g.add(literals([][]byte{[]byte("}")}))
 	for i := range g.nodes {
 		g.nodes[i].first = g.firstOf(i)
@@ -484,7 +488,7 @@ func (c *compiler) compile(s value, path string, depth int) (int, error) {
 	}
 	for _, m := range s.obj {
 		if !handled[m.key] && !annotations[m.key] {
-			return 0, refuseAt(path, m.key, "the keyword %q is not supported (supported: type, properties, required, additionalProperties, items, enum, const, anyOf, oneOf, $ref)", m.key)
+			return 0, refuseAt(path, m.key, "the keyword %q is not supported (supported: type, properties, required, additionalProperties, items, minItems, maxItems, enum, const, anyOf, oneOf, $ref)", m.key)
 		}
 	}
 	if ref, ok := s.get("$ref"); ok {
@@ -705,7 +709,25 @@ func (c *compiler) typed(s value, typ, path string, depth int) (int, error) {
 	case "null":
 		n = literals([][]byte{[]byte("null")})
 	case "array":
-		n = node{kind: kArray, items: c.g.anyNode}
+		n = node{kind: kArray, items: c.g.anyNode, maxItems: -1}
+		for _, kw := range []string{"minItems", "maxItems"} {
+			v, ok := s.get(kw)
+			if !ok {
+				continue
+			}
+			k, err := strconv.Atoi(v.str)
+			if v.kind != 'n' || err != nil || k < 0 || k > MaxItemsBound {
+				return 0, refuseAt(path, kw, "%s must be an integer from 0 to %d", kw, MaxItemsBound)
+			}
+			if kw == "minItems" {
+				n.minItems = k
+			} else {
+				n.maxItems = k
+			}
+		}
+		if n.maxItems >= 0 && n.minItems > n.maxItems {
+			return 0, refuseAt(path, "minItems", "minItems %d is above maxItems %d: no array fits", n.minItems, n.maxItems)
+		}
 		if it, ok := s.get("items"); ok {
 			item, err := c.compile(it, path+"/items", depth+1)
 			if err != nil {
