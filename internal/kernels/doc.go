@@ -49,9 +49,11 @@
 //     run on the Q8_0 kernels of every tier with ggml's bits (Q4_1/Q5_1
 //     meet Q8_1 activations: Q8_0's plus s = fp16(d*sum)); Q5_K, Q2_K and
 //     Q3_K are repacked as Q6_K records (plus mins for the first two) and
-//     run on the Q6_K kernels; IQ4_XS takes its plain-Go reference. The
-//     references follow ggml's generic vec_dot bit for bit, except that
-//     Q5_K and Q3_K are summed per super-block as Q4_K and Q6_K are
+//     run on the Q6_K kernels; IQ4_XS runs on the Q8_0 kernels with unit
+//     scales (its Q8_K activations laid out as Q8_0) and Go applies the
+//     scales. The references follow ggml's generic vec_dot bit for bit,
+//     except that Q5_K and Q3_K are summed per super-block as Q4_K and Q6_K
+//     are, and the kernels give the references' bits on every tier
 //     (matrix_ext.go, ref_ext.go).
 //   - A Matrix repacks quantised weights at load time: rows are
 //     interleaved 16 at a time so a group's product reads one sequential

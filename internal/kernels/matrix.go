@@ -50,8 +50,11 @@ type Matrix struct {
 	// super-block's dmin (float32) and 6-bit mins alongside (matrix_ext.go).
 	kdmin []float32
 	kmins []uint8
-	// Types products take in plain Go over the GGML bytes (matrix_ext.go).
-	raw []byte
+	// IQ4_XS: the grid values in qw (Q8_0 layout, block-major, unit
+	// scales in qd), each 32 values' 6-bit scale minus 32 and each
+	// super-block's d alongside (matrix_ext.go).
+	xls []int8
+	xd  []float32
 }
 
 // NewMatrix prepares rows x cols weights of type t from GGML row-major
@@ -227,7 +230,7 @@ func MatMul(p *Pool, dst []float32, m *Matrix, x []float32, n int) {
 		})
 		return
 	}
-	if m.raw != nil || m.qm != nil || m.kmins != nil {
+	if m.qm != nil || m.kmins != nil || m.xls != nil {
 		m.mulExt(p, dst, x, n)
 		return
 	}

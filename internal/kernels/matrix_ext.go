@@ -41,8 +41,14 @@ import (
 //     Q6_K matrix in all but name: repacked into ordinary (group-major)
 //     Q6_K records it takes MatMul's Q6_K path unchanged; its reference
 //     (dotQ3KRef) sums per super-block as Q6_K does.
-//   - IQ4_XS keeps its GGML bytes and takes the plain Go reference product
-//     row by row (no repacked kernel yet).
+//   - IQ4_XS (grid values -127..113, a 6-bit scale per 32 values, fp16 d
+//     per 256) meets Q8_K activations and ggml sums per 32 values
+//     (d_w*d_x*(ls-32)) * sumi. Its grid values are repacked as Q8_0 with
+//     unit scales, block-major, and the activations' Q8_K quants are laid
+//     out as Q8_0 ones with unit scales, so one Q8_0 tile call per 32
+//     columns gives the exact integer sumi of up to 16 groups of rows
+//     (float(sumi)*1 is exact below 2^24); Go applies the scales in
+//     ggml's order. Bit-identical again.
 
 // Supports reports whether NewMatrix accepts weights of type t.
 func Supports(t quant.Type) bool {
@@ -73,8 +79,9 @@ func (m *Matrix) prepareExt(data []byte) {
 	case quant.Q5_K, quant.Q3_K, quant.Q2_K:
 		m.kind = quant.Q6_K
 		m.repackKAsQ6(data)
-	default:
-		m.raw = slices.Clone(data)
+	default: // IQ4_XS
+		m.kind = quant.Q8_0
+		m.repackIQ4XS(data)
 	}
 }
 
@@ -147,12 +154,8 @@ func (m *Matrix) repackAsQ8(data []byte, withMin bool) {
 // ggml's dequantize_row arithmetic.
 func (m *Matrix) rowExt(r int, dst []float32) {
 	switch {
-	case m.raw != nil:
-		// quant.Dequantize is the project's bit-exact decoder; the row
-		// is whole blocks and the buffer long enough, so it cannot fail.
-		if err := quant.Dequantize(m.typ, m.raw[r*m.rowBytes:(r+1)*m.rowBytes], dst); err != nil {
-			panic("kernels: Matrix.Row: " + err.Error())
-		}
+	case m.xls != nil:
+		m.rowIQ4XS(r, dst)
 	case m.kmins != nil:
 		m.rowKMin(r, dst)
 	case m.kw != nil:
@@ -177,8 +180,8 @@ func (m *Matrix) rowExt(r int, dst []float32) {
 // mulExt is MatMul for the Q4_1/Q5_1 and plain-Go types.
 func (m *Matrix) mulExt(p *Pool, dst []float32, x []float32, n int) {
 	switch {
-	case m.raw != nil:
-		m.mulRaw(p, dst, x, n)
+	case m.xls != nil:
+		m.mulIQ4XS(p, dst, x, n)
 	case m.kmins != nil:
 		m.mulKMin(p, dst, x, n)
 	default:
@@ -249,35 +252,145 @@ func (m *Matrix) mulQ1(p *Pool, dst []float32, x []float32, n int) {
 	})
 }
 
-// rawActs are one MatMul's activations for the plain-Go types: Q8_K,
-// row after row.
-type rawActs struct {
-	q  []int8
-	d  []float32
-	bs []int16
+// repackIQ4XS writes IQ4_XS rows' grid values in qgemm.go's Q8_0 layout,
+// block-major (32-column block b of group g at b*groups+g), with unit
+// scales; the per-32 scales (ls-32) go to xls and each super-block's d to
+// xd, indexed like the rows of a block.
+func (m *Matrix) repackIQ4XS(data []byte) {
+	nb := m.cols / qk8
+	groups := (m.rows + qRows - 1) / qRows
+	m.qw = make([]byte, groups*nb*q8GrpSize)
+	m.qd = make([]uint16, groups*nb*qRows)
+	for i := range m.qd {
+		m.qd[i] = 0x3c00 // 1.0
+	}
+	m.xls = make([]int8, groups*nb*qRows)
+	m.xd = make([]float32, groups*nb*qRows)
+	for r := 0; r < m.rows; r++ {
+		g, rr := r/qRows, r%qRows
+		row := data[r*m.rowBytes : (r+1)*m.rowBytes]
+		for b := 0; b < nb; b++ {
+			blk := row[(b/8)*136 : (b/8+1)*136]
+			ib := b % 8
+			gbi := b*groups + g
+			sh := binary.LittleEndian.Uint16(blk[2:])
+			ls := int32(blk[4+ib/2]>>uint(4*(ib%2))&0x0f) | int32(sh>>uint(2*ib)&3)<<4
+			m.xls[gbi*qRows+rr] = int8(ls - 32)
+			m.xd[gbi*qRows+rr] = f16ToF32(binary.LittleEndian.Uint16(blk))
+			w := m.qw[gbi*q8GrpSize:]
+			qs := blk[8+16*ib : 8+16*ib+16]
+			for k := 0; k < qk8; k++ {
+				w[(k/4)*64+rr*4+k%4] = byte(quant.KValuesIQ4NL[q5Val(qs, 0, k)])
+			}
+		}
+	}
 }
 
-var rawActsPool = sync.Pool{New: func() any { return new(rawActs) }}
+// rowIQ4XS dequantises row r of a repacked IQ4_XS matrix with
+// dequantize_row_iq4_xs's arithmetic: (d*(ls-32)) * grid value.
+func (m *Matrix) rowIQ4XS(r int, dst []float32) {
+	nb := m.cols / qk8
+	groups := (m.rows + qRows - 1) / qRows
+	g, rr := r/qRows, r%qRows
+	for b := 0; b < nb; b++ {
+		gbi := b*groups + g
+		dl := m.xd[gbi*qRows+rr] * float32(m.xls[gbi*qRows+rr])
+		w := m.qw[gbi*q8GrpSize:]
+		for k := 0; k < qk8; k++ {
+			dst[b*qk8+k] = dl * float32(int8(w[(k/4)*64+rr*4+k%4]))
+		}
+	}
+}
 
-// mulRaw computes a product of an IQ4_XS matrix with the reference dot
-// product, output rows split over p; each weight row
-// meets every activation row while it is in cache.
-func (m *Matrix) mulRaw(p *Pool, dst []float32, x []float32, n int) {
+// iq4Acts are one IQ4_XS product's activations: Q8_K quants in the packed
+// Q8_0 layout with unit scales (xq, xd, xc as qgemm.go describes, xc the
+// -128 correction of the Q8_0 kernels), and each row's Q8_K scales.
+type iq4Acts struct {
+	q  []int8
+	d  []float32
+	c  []int32
+	kd []float32 // [row][super-block]
+	tq []int8    // one row's Q8_K quants, per task
+}
+
+var iq4ActsPool = sync.Pool{New: func() any { return new(iq4Acts) }}
+
+// mulIQ4XS computes an IQ4_XS product: per 32 columns one Q8_0 tile call
+// for up to 16 groups of rows gives each row's exact sumi, and
+// acc += (float(d_w*d_x)*(ls-32)) * sumi follows ggml_vec_dot_iq4_xs_q8_K.
+func (m *Matrix) mulIQ4XS(p *Pool, dst []float32, x []float32, n int) {
 	rows, cols := m.rows, m.cols
-	nb := cols / qkK
-	a := rawActsPool.Get().(*rawActs)
-	defer rawActsPool.Put(a)
-	a.q, a.d, a.bs = grow(a.q, n*cols), grow(a.d, n*nb), grow(a.bs, n*nb*16)
-	p.RunGrain(n, max(1, minShareMACs/cols), func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			quantizeQ8K(x[i*cols:(i+1)*cols], a.q[i*cols:(i+1)*cols], a.d[i*nb:(i+1)*nb], a.bs[i*nb*16:(i+1)*nb*16])
+	nb, nsb := cols/qk8, cols/qkK
+	groups := (rows + qRows - 1) / qRows
+	w := qGroupWidth(n)
+	ag := (n + w - 1) / w
+	a := iq4ActsPool.Get().(*iq4Acts)
+	defer iq4ActsPool.Put(a)
+	a.q, a.d, a.c = grow(a.q, ag*w*cols), grow(a.d, ag*w*nb), grow(a.c, ag*w*nb)
+	a.kd = grow(a.kd, ag*w*nsb)
+	for i := range a.d {
+		a.d[i] = 1
+	}
+	corr := qCorr(quant.Q8_0)
+	p.RunGrain(ag*w, max(1, minShareMACs/cols), func(lo, hi int) {
+		q := make([]int8, cols)
+		bs := make([]int16, cols/16)
+		for r := lo; r < hi; r++ {
+			gi, i := r/w, r%w
+			if r < n {
+				quantizeQ8K(x[r*cols:(r+1)*cols], q, a.kd[r*nsb:(r+1)*nsb], bs)
+			} else {
+				clear(q)
+				clear(a.kd[r*nsb : (r+1)*nsb])
+			}
+			for b := 0; b < nb; b++ {
+				ab := gi*nb + b
+				var sum int32
+				for k := 0; k < qk8; k++ {
+					v := q[b*qk8+k]
+					a.q[(ab*8+k/4)*w*4+i*4+k%4] = v
+					sum += int32(v)
+				}
+				a.c[ab*w+i] = corr * sum
+			}
 		}
 	})
-	p.RunGrain(rows, max(1, minShareMACs/(cols*n)), func(lo, hi int) {
-		for r := lo; r < hi; r++ {
-			row := m.raw[r*m.rowBytes : (r+1)*m.rowBytes]
-			for i := 0; i < n; i++ {
-				dst[i*rows+r] = dotIQ4XSRef(row, a.q[i*cols:(i+1)*cols], a.d[i*nb:(i+1)*nb])
+	grain := max(1, minShareMACs/(qRows*cols*n))
+	p.RunGrain(groups, grain, func(lo, hi int) {
+		var out, acc [q1GroupChunk * qRows * 8]float32
+		for c0 := lo; c0 < hi; c0 += q1GroupChunk {
+			c1 := min(hi, c0+q1GroupChunk)
+			ng := c1 - c0
+			for gi := 0; gi < ag; gi++ {
+				accs := acc[:ng*w*qRows]
+				clear(accs)
+				for b := 0; b < nb; b++ {
+					blk := b*groups + c0
+					ab := (gi*nb + b) * w
+					qTileImpl(quant.Q8_0, w, ng, m.qw[blk*q8GrpSize:(blk+ng)*q8GrpSize], m.qd[blk*qRows:(blk+ng)*qRows],
+						a.q[ab*qk8:(ab+w)*qk8], a.d[ab:ab+w], a.c[ab:ab+w], out[:ng*w*qRows])
+					for g := 0; g < ng; g++ {
+						dw := (*[qRows]float32)(m.xd[(blk+g)*qRows:])
+						ls := (*[qRows]int8)(m.xls[(blk+g)*qRows:])
+						for i := 0; i < w; i++ {
+							xd := a.kd[(gi*w+i)*nsb+b/8]
+							o := (g*w + i) * qRows
+							ov, av := (*[qRows]float32)(out[o:]), (*[qRows]float32)(accs[o:])
+							for r := range av {
+								dl := float32(float32(dw[r]*xd) * float32(ls[r]))
+								av[r] += float32(dl * ov[r])
+							}
+						}
+					}
+				}
+				for g := 0; g < ng; g++ {
+					r0 := (c0 + g) * qRows
+					nr := min(qRows, rows-r0)
+					for i := 0; i < w && gi*w+i < n; i++ {
+						o := (gi*w+i)*rows + r0
+						copy(dst[o:o+nr], accs[(g*w+i)*qRows:(g*w+i)*qRows+nr])
+					}
+				}
 			}
 		}
 	})
