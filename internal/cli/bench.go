@@ -1,7 +1,10 @@
 package cli
 
 import (
+	"cmp"
 	"fmt"
+	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,7 +18,7 @@ import (
 
 func benchCmd() *cobra.Command {
 	var mf modelFlags
-	var threads, prompts, tiers string
+	var threads, prompts, tiers, llamaPath string
 	var gen, reps int
 	c := &cobra.Command{
 		Use:   "bench",
@@ -26,7 +29,11 @@ here are noisy. --kernels-list runs several kernel tiers side by side, their
 repetitions interleaved (PAGEWARDEN_KERNELS=avx2 forces a single one):
   pagewarden bench -m builtin:135m-q8_0 --kernels-list avx2,avx512vnni
 Each row gives the best of -r repetitions and, under range, the slowest and
-the fastest.`,
+the fastest. --llama-bench PATH runs a llama-bench you built on the same GGUF
+file (a builtin model is written to a temporary one), with the same K/V type
+(f16 unless --kv-type says otherwise: llama-bench has no f32 cache),
+its repetitions interleaved with pagewarden's, and prints the ratios:
+  pagewarden bench -m builtin:135m-q8_0 --llama-bench ~/llama.cpp/build/bin/llama-bench`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := mf.validate(); err != nil {
@@ -58,7 +65,32 @@ the fastest.`,
 				}
 			}
 			defer kernels.SetTier(installed)
+			if llamaPath != "" && mf.kvType != "f16" {
+				// llama-bench's K/V types are f16 and quantised ones, not
+				// f32: both sides run f16 unless told otherwise.
+				if cmd.Flags().Changed("kv-type") {
+					return usagef("--kv-type %s: llama-bench has no %s K/V cache; compare with --kv-type f16", mf.kvType, mf.kvType)
+				}
+				mf.kvType = "f16"
+				fmt.Fprintln(cmd.ErrOrStderr(), "note: K/V type f16 on both sides (llama-bench's default; it has no f32 cache)")
+			}
 			kvType, _ := mf.kvDType()
+			var llama *llamaBench
+			if llamaPath != "" {
+				if _, err := exec.LookPath(llamaPath); err != nil {
+					return usagef("--llama-bench %s: %v", llamaPath, err)
+				}
+				dir, err := os.MkdirTemp("", "pagewarden-bench-")
+				if err != nil {
+					return err
+				}
+				defer os.RemoveAll(dir)
+				file, err := llamaBenchFile(&mf, dir)
+				if err != nil {
+					return err
+				}
+				llama = &llamaBench{path: llamaPath, model: file, kvType: mf.kvType}
+			}
 			m, err := mf.load()
 			if err != nil {
 				return err
@@ -74,6 +106,7 @@ the fastest.`,
 			fmt.Fprintf(cmd.ErrOrStderr(), "kernels: %s\n", strings.Join(tierList, ", "))
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', tabwriter.AlignRight)
 			fmt.Fprintf(tw, "model\ttype\tkernels\tthreads\ttest\ttokens/s\trange\t\n")
+			var ratios []string // one line per test: pagewarden's best over llama.cpp's
 			for _, t := range ts {
 				eng, err := engine.New(m, engine.Options{Threads: t, PageSize: mf.pageSize, KVType: kvType, PrefillChunk: maxP})
 				if err != nil {
@@ -84,11 +117,13 @@ the fastest.`,
 					eng.Close()
 					return err
 				}
-				// measure runs one test reps times per tier, the tiers
-				// interleaved so that a slow spell of a shared machine
-				// hits them all, and prints a row per tier.
-				measure := func(test string, run func() (float64, error)) error {
+				// measure runs one test reps times per tier (and once more
+				// per repetition on llama-bench, when given), interleaved so
+				// that a slow spell of a shared machine hits them all, and
+				// prints a row per tier.
+				measure := func(test string, run, other func() (float64, error)) error {
 					rates := make([][]float64, len(tierList))
+					var theirs []float64
 					for r := 0; r < reps; r++ {
 						for k, tier := range tierList {
 							if err := kernels.SetTier(tier); err != nil {
@@ -100,18 +135,39 @@ the fastest.`,
 							}
 							rates[k] = append(rates[k], v)
 						}
+						if other != nil {
+							v, err := other()
+							if err != nil {
+								return err
+							}
+							theirs = append(theirs, v)
+						}
 					}
 					for k, tier := range tierList {
 						lo, hi := slices.Min(rates[k]), slices.Max(rates[k])
 						fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%.1f\t%.1f-%.1f\t\n", m.Name, m.WeightType, tier, t, test, hi, lo, hi)
 					}
+					if other != nil {
+						lo, hi := slices.Min(theirs), slices.Max(theirs)
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%.1f\t%.1f-%.1f\t\n", m.Name, m.WeightType, "llama.cpp", t, test, hi, lo, hi)
+						for k, tier := range tierList {
+							ratios = append(ratios, fmt.Sprintf("%s\t%d\t%s\t%.2f\t", tier, t, test, slices.Max(rates[k])/hi))
+						}
+					}
 					return nil
+				}
+				// theirs is llama-bench's run of the same test, or nil.
+				theirs := func(prompt, gen int) func() (float64, error) {
+					if llama == nil {
+						return nil
+					}
+					return func() (float64, error) { return llama.rate(cmd.Context(), t, prompt, gen) }
 				}
 				for _, p := range ps {
 					err = measure(fmt.Sprintf("pp%d", p), func() (float64, error) {
 						res, err := eng.Bench(p, 1)
 						return float64(p) / res.Prefill.Seconds(), err
-					})
+					}, theirs(p, 0))
 					if err != nil {
 						eng.Close()
 						return err
@@ -120,11 +176,20 @@ the fastest.`,
 				err = measure(fmt.Sprintf("tg%d", gen), func() (float64, error) {
 					res, err := eng.Bench(1, gen)
 					return float64(gen) / res.Decode.Seconds(), err
-				})
+				}, theirs(0, gen))
 				eng.Close()
 				if err != nil {
 					return err
 				}
+			}
+			if err := tw.Flush(); err != nil || llama == nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "\npagewarden / llama.cpp (best of %d each; %s, build %s; K/V %s; %s):\n", reps, llamaPath, cmp.Or(llama.commit, "unknown"), mf.kvType, mf.model)
+			tw = tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', tabwriter.AlignRight)
+			fmt.Fprintf(tw, "kernels\tthreads\ttest\tratio\t\n")
+			for _, r := range ratios {
+				fmt.Fprintln(tw, r)
 			}
 			return tw.Flush()
 		},
@@ -134,6 +199,7 @@ the fastest.`,
 	c.Flags().StringVarP(&prompts, "p", "p", "128,512", "comma-separated prompt lengths for prefill")
 	c.Flags().IntVarP(&gen, "n", "n", 64, "tokens to decode")
 	c.Flags().IntVarP(&reps, "r", "r", 3, "repetitions (the best is reported)")
+	c.Flags().StringVar(&llamaPath, "llama-bench", "", "a llama-bench binary you built: run it on the same GGUF and K/V type, interleaved, and print pagewarden/llama.cpp ratios")
 	c.Flags().StringVar(&tiers, "kernels-list", "", "comma-separated kernel tiers to compare side by side (ref, avx2, avx512, avx512vnni; default: the one in use)")
 	return c
 }
