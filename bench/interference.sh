@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Inter-token latency of running streams while long prompts arrive: one
-# `serve` on two cores against a prefill node and a decode node pinned to
-# one core each (the interference disaggregation exists to remove).
+# `serve --colocated` (one engine) on two cores, `serve` (a prefill and a
+# decode node in one process) on two cores, and a prefill node and a decode
+# node as processes pinned to one core each (the interference
+# disaggregation exists to remove).
 #
 #   bash bench/interference.sh [MODEL]        (default builtin:135m-q8_0)
 #
@@ -57,13 +59,17 @@ workload() { # url key label metrics
   echo "   long prompts:"; grep -E "sent" "$work/long.txt" | sed 's/^/   /'
 }
 
-# 1. serve on two cores.
-taskset -c 0,1 "$pw" serve "${common[@]}" --threads 2 --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 2>"$work/serve.log" &
-url=http://$(await "$work/serve.log" 'listening on http://[0-9.:]+' | sed 's|listening on http://||')
-key=$(await "$work/serve.log" 'shown once\): \S+' | sed 's/shown once): //')
-metrics=$(await "$work/serve.log" 'metrics on http://[0-9.:]+' | sed 's|metrics on http://||')
-workload "$url" "$key" "serve, 2 threads on cores 0-1" "$metrics"
-kill %1; wait %1 2>/dev/null || true
+# 1. serve --colocated, then serve (split in one process), on two cores.
+for mode in --colocated ""; do
+  taskset -c 0,1 "$pw" serve "${common[@]}" $mode --threads 2 --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 2>"$work/serve.log" &
+  pid=$!
+  url=http://$(await "$work/serve.log" 'listening on http://[0-9.:]+' | sed 's|listening on http://||')
+  key=$(await "$work/serve.log" 'shown once\): \S+' | sed 's/shown once): //')
+  metrics=$(await "$work/serve.log" 'metrics on http://[0-9.:]+' | sed 's|metrics on http://||')
+  workload "$url" "$key" "serve ${mode:-(prefill + decode node)}, 2 threads on cores 0-1" "$metrics"
+  kill $pid; wait $pid 2>/dev/null || true
+  : >"$work/serve.log"
+done
 
 # 2. decode on core 0, prefill on core 1, one thread each.
 "$pw" certs --out "$work/pki" --node gw:gateway --node p0:prefill:127.0.0.1 --node d0:decode:127.0.0.1 >/dev/null
