@@ -119,8 +119,16 @@ func (f *fence) refuse(to transfer.Peer, m transfer.Message) {
 	f.log.Info("new work refused: this node lost its cluster registration", "from", to, "type", m.Type())
 }
 
-// Send passes m on, and ends the node's part in the work m finishes.
+// Send passes m on, and ends the node's part in the work m finishes. A
+// closed fence reports no room in the node's load answers, so that a
+// gateway still routing here picks another decode node from its next
+// load query on, rather than after a refusal.
 func (f *fence) Send(ctx context.Context, to transfer.Peer, m transfer.Message) error {
+	if l, ok := m.(*transfer.Load); ok && f.closed.Load() {
+		full := *l
+		full.FreePages, full.CachedPages = 0, 0
+		m = &full
+	}
 	err := f.Transport.Send(ctx, to, m)
 	switch m := m.(type) {
 	case *transfer.Result:

@@ -108,8 +108,12 @@ func TestFence(t *testing.T) {
 	if n := f.holding(); n != 1 {
 		t.Fatalf("holding %d, want 1 (the decode request the gateway aborted, until its Result)", n)
 	}
-	if len(fl.taken()) != 4 || f.refused.Load() != 0 {
+	_ = f.Send(ctx, "gw", &transfer.Load{Seq: 1, UsablePages: 100, FreePages: 60})
+	if len(fl.taken()) != 5 || f.refused.Load() != 0 {
 		t.Fatalf("the open fence refused: %v", fl.taken())
+	}
+	if l := fl.taken()[4].m.(*transfer.Load); l.FreePages != 60 {
+		t.Errorf("the open fence changed a load answer: %+v", l)
 	}
 
 	// Closed: new work is refused, the work held still hears its messages.
@@ -117,7 +121,7 @@ func TestFence(t *testing.T) {
 	fl.in <- generate(5)
 	fl.in <- prefill(6)
 	quiet()
-	sent := fl.taken()[4:]
+	sent := fl.taken()[5:]
 	if len(sent) != 2 {
 		t.Fatalf("refusals sent: %v", sent)
 	}
@@ -130,6 +134,11 @@ func TestFence(t *testing.T) {
 	}
 	if f.refused.Load() != 2 || f.holding() != 1 {
 		t.Errorf("refused %d, holding %d; want 2 and 1", f.refused.Load(), f.holding())
+	}
+	// Its load answers say it has no room (the rest as the node says).
+	_ = f.Send(ctx, "gw", &transfer.Load{Seq: 3, UsablePages: 100, FreePages: 60, CachedPages: 10, Queued: 1, Running: 2})
+	if got := fl.taken()[len(fl.taken())-1].m; got.(*transfer.Load).Room() != 0 || *got.(*transfer.Load) != (transfer.Load{Seq: 3, UsablePages: 100, Queued: 1, Running: 2}) {
+		t.Errorf("a closed fence's load answer: %+v", got)
 	}
 	fl.in <- link.Inbound{From: gw, Msg: &transfer.Abort{Ref: transfer.Ref{Owner: owner(4)}, Reason: transfer.ReasonAborted}}
 	fl.in <- link.Inbound{From: gw, Down: link.ErrPeerDown}
