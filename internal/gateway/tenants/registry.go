@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -321,4 +323,67 @@ func (r *Registry) InFlight(tenant string) int {
 		return u.inflight
 	}
 	return 0
+}
+
+// Tenants returns the configured tenants, by id. Their key hashes are
+// copies; CacheNamespace is the registry's.
+func (r *Registry) Tenants() []Tenant {
+	s := r.snap.Load()
+	out := make([]Tenant, 0, len(s.byID))
+	for _, t := range s.byID {
+		t.APIKeySHA256 = slices.Clone(t.APIKeySHA256)
+		out = append(out, t)
+	}
+	slices.SortFunc(out, func(a, b Tenant) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// Diff describes what changed from old to new tenants, one line per
+// change, for the audit trail of a reload: tenants added or removed,
+// limits changed (old and new values), keys added or removed (counts,
+// never the hashes), and a cache namespace minted afresh (the id changed
+// hands). Nil when nothing changed.
+func Diff(old, new []Tenant) []string {
+	byID := func(ts []Tenant) map[string]Tenant {
+		m := make(map[string]Tenant, len(ts))
+		for _, t := range ts {
+			m[t.ID] = t
+		}
+		return m
+	}
+	o, n := byID(old), byID(new)
+	var out []string
+	for _, t := range new {
+		ot, ok := o[t.ID]
+		if !ok {
+			out = append(out, fmt.Sprintf("tenant %s added (%d keys, limits %+v)", t.ID, len(t.APIKeySHA256), t.Limits))
+			continue
+		}
+		if ot.Limits != t.Limits {
+			out = append(out, fmt.Sprintf("tenant %s limits %+v -> %+v", t.ID, ot.Limits, t.Limits))
+		}
+		added, removed := 0, 0
+		for _, h := range t.APIKeySHA256 {
+			if !slices.ContainsFunc(ot.APIKeySHA256, func(x string) bool { return strings.EqualFold(x, h) }) {
+				added++
+			}
+		}
+		for _, h := range ot.APIKeySHA256 {
+			if !slices.ContainsFunc(t.APIKeySHA256, func(x string) bool { return strings.EqualFold(x, h) }) {
+				removed++
+			}
+		}
+		if added > 0 || removed > 0 {
+			out = append(out, fmt.Sprintf("tenant %s keys: %d added, %d removed", t.ID, added, removed))
+		}
+		if ot.CacheNamespace != "" && t.CacheNamespace != "" && ot.CacheNamespace != t.CacheNamespace {
+			out = append(out, fmt.Sprintf("tenant %s changed hands (no key kept): new cache namespace", t.ID))
+		}
+	}
+	for _, t := range old {
+		if _, ok := n[t.ID]; !ok {
+			out = append(out, fmt.Sprintf("tenant %s removed", t.ID))
+		}
+	}
+	return out
 }

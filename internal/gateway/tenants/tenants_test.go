@@ -3,6 +3,7 @@ package tenants
 import (
 	"crypto/sha256"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -228,5 +229,49 @@ func TestAdminKeys(t *testing.T) {
 		if _, err := Parse(strings.NewReader(src)); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("%s: err = %v", name, err)
 		}
+	}
+}
+
+func TestDiff(t *testing.T) {
+	reg, err := NewRegistry(&Config{Tenants: []Tenant{
+		{ID: "a", APIKeySHA256: []string{h1}},
+		{ID: "b", APIKeySHA256: []string{h2}, Limits: Limits{MaxConcurrent: 2}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := reg.Tenants()
+	if len(old) != 2 || old[0].ID != "a" || old[1].ID != "b" {
+		t.Fatalf("tenants %+v", old)
+	}
+	if d := Diff(old, reg.Tenants()); d != nil {
+		t.Fatalf("no change: %v", d)
+	}
+	h3 := HashKey("k3")
+	if err := reg.Reload(&Config{Tenants: []Tenant{
+		{ID: "a", APIKeySHA256: []string{h3}},                                                  // its only key replaced: changes hands
+		{ID: "b", APIKeySHA256: []string{h2, HashKey("k4")}, Limits: Limits{MaxConcurrent: 4}}, // a key added, a limit raised
+		{ID: "c", APIKeySHA256: []string{HashKey("k5")}},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"tenant a keys: 1 added, 1 removed",
+		"tenant a changed hands (no key kept): new cache namespace",
+		"tenant b limits {RequestsPerMinute:0 TokensPerMinute:0 MaxConcurrent:2 MaxKVPages:0 Priority:0} -> {RequestsPerMinute:0 TokensPerMinute:0 MaxConcurrent:4 MaxKVPages:0 Priority:0}",
+		"tenant b keys: 1 added, 0 removed",
+		"tenant c added (1 keys, limits {RequestsPerMinute:0 TokensPerMinute:0 MaxConcurrent:0 MaxKVPages:0 Priority:0})",
+	}
+	got := Diff(old, reg.Tenants())
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("diff (-want +got):\n%s", diff)
+	}
+	for _, line := range got {
+		if strings.Contains(line, h3) || strings.Contains(line, h1) {
+			t.Errorf("a key hash in %q", line)
+		}
+	}
+	if got := Diff(reg.Tenants(), old[:1]); !slices.Contains(got, "tenant b removed") || !slices.Contains(got, "tenant c removed") {
+		t.Errorf("removals: %v", got)
 	}
 }
