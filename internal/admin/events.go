@@ -25,6 +25,12 @@ type Event struct {
 	Attrs   map[string]string `json:"attrs,omitempty"`
 }
 
+// AuditKey marks a log record as an audit event whatever its level: a
+// record with the attribute AuditKey=true goes to the ring even below the
+// handler's level (a config reload, a scrub: INFO lines an operator must
+// still find). The attribute itself is not kept.
+const AuditKey = "audit"
+
 // Bounds on what one event may hold, so the ring's memory is bounded by
 // its length whatever the log lines carry.
 const (
@@ -114,12 +120,22 @@ type teeHandler struct {
 	attrs  []slog.Attr // from WithAttrs, keys already prefixed
 }
 
+// Enabled is true for every level the log takes and, since a record
+// marked with AuditKey may come at any level, for INFO and above too.
 func (h *teeHandler) Enabled(ctx context.Context, l slog.Level) bool {
-	return l >= h.min || h.next.Enabled(ctx, l)
+	return l >= min(h.min, slog.LevelInfo) || h.next.Enabled(ctx, l)
 }
 
 func (h *teeHandler) Handle(ctx context.Context, rec slog.Record) error {
-	if rec.Level >= h.min {
+	marked := false
+	rec.Attrs(func(a slog.Attr) bool {
+		if a.Key == AuditKey && a.Value.Kind() == slog.KindBool && a.Value.Bool() {
+			marked = true
+			return false
+		}
+		return true
+	})
+	if rec.Level >= h.min || marked {
 		e := Event{Time: rec.Time, Level: rec.Level.String(), Message: clip(rec.Message), Attrs: map[string]string{}}
 		for _, a := range h.attrs {
 			addAttr(e.Attrs, "", a)
@@ -177,6 +193,9 @@ func addAttr(m map[string]string, prefix string, a slog.Attr) {
 		return
 	}
 	if a.Key == "" {
+		return
+	}
+	if a.Key == AuditKey && prefix == "" {
 		return
 	}
 	key := prefix + a.Key

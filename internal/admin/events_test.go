@@ -83,3 +83,20 @@ func TestHandler(t *testing.T) {
 		t.Error("a DEBUG line passed an INFO log")
 	}
 }
+
+// TestHandlerAuditMark: an INFO record marked with AuditKey reaches the
+// ring without the mark; an unmarked one does not.
+func TestHandlerAuditMark(t *testing.T) {
+	r := NewRing(4)
+	log := slog.New(r.Handler(slog.DiscardHandler, slog.LevelWarn))
+	log.Info("tenant config reloaded", "changes", "tenant b added", AuditKey, true)
+	log.Info("serving", "addr", "x")
+	log.Info("not marked", AuditKey, false)
+	evs, _ := r.Since(0)
+	if len(evs) != 1 || evs[0].Message != "tenant config reloaded" || evs[0].Level != "INFO" {
+		t.Fatalf("events %+v", evs)
+	}
+	if diff := cmp.Diff(map[string]string{"changes": "tenant b added"}, evs[0].Attrs); diff != "" {
+		t.Errorf("attrs (-want +got):\n%s", diff)
+	}
+}
