@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -211,5 +212,57 @@ func TestDecodeRoleAdmin(t *testing.T) {
 	var pages admin.PagesView
 	if status != http.StatusOK || json.Unmarshal(body, &pages) != nil || len(pages.Nodes) != 1 || pages.Nodes[0].Name != "d0" || pages.Nodes[0].TotalPages == 0 {
 		t.Fatalf("pages: %d %s", status, body)
+	}
+}
+
+// TestServeAdminAuditsReloadAndScrub: a SIGHUP reload (with what changed)
+// and a SIGUSR1 scrub are audit events on the admin listener, though they
+// are INFO lines.
+func TestServeAdminAuditsReloadAndScrub(t *testing.T) {
+	const tenantKey, adminKey = "pw-tenant-key", "pw-admin-key"
+	config := filepath.Join(t.TempDir(), "tenants.yaml")
+	write := func(extra string) {
+		yaml := "admin_key_sha256: [" + tenants.HashKey(adminKey) + "]\ntenants:\n  - id: acme\n    api_key_sha256: [" + tenants.HashKey(tenantKey) + "]\n" + extra
+		if err := os.WriteFile(config, []byte(yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("")
+	_, stderr := serve(t, "--config", config, "--admin-listen", "127.0.0.1:0", "--colocated")
+	base := regexp.MustCompile(`admin on (http://\S+)/admin/`).FindStringSubmatch(stderr)[1]
+	write("  - id: beta\n    api_key_sha256: [" + tenants.HashKey("pw-beta") + "]\n    limits: {max_concurrent: 3}\n")
+	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGUSR1} {
+		if err := syscall.Kill(os.Getpid(), sig); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := map[string]func(admin.Event) bool{
+		"tenant config reloaded": func(e admin.Event) bool {
+			return strings.Contains(e.Attrs["changes"], "tenant beta added") && e.Attrs["tenants"] == "2"
+		},
+		"SIGUSR1: quarantined KV pages scrubbed and freed": func(e admin.Event) bool { return e.Attrs["pages"] == "0" },
+	}
+	deadline := time.After(20 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for len(want) > 0 {
+		_, body := adminGet(t, base+"/admin/api/events", adminKey)
+		var evs admin.EventList
+		if err := json.Unmarshal(body, &evs); err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range evs.Events {
+			if ok := want[e.Message]; ok != nil && ok(e) {
+				if _, marked := e.Attrs[admin.AuditKey]; marked {
+					t.Errorf("the audit mark is kept: %+v", e)
+				}
+				delete(want, e.Message)
+			}
+		}
+		select {
+		case <-deadline:
+			t.Fatalf("audit events missing: %v; ring: %s", want, body)
+		case <-tick.C:
+		}
 	}
 }

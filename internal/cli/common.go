@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"github.com/pagewarden/pagewarden/internal/admin"
 	"github.com/pagewarden/pagewarden/internal/gateway"
 	"io"
 	"log/slog"
@@ -158,15 +159,19 @@ func reloadTenants(srv *gateway.Server, path string, logger *slog.Logger) {
 		logger.Warn("SIGHUP ignored: no --config to reload")
 		return
 	}
+	old := srv.Tenants()
 	nc, err := loadTenants(path)
 	if err == nil {
 		err = srv.Reload(nc)
 	}
+	// Both outcomes are audit events (the admin page's ring keeps them):
+	// who may use the server, and within what limits, changed or not.
 	if err != nil {
-		logger.Error("tenant config reload failed; keeping the old one", "err", err)
+		logger.Error("tenant config reload failed; keeping the old one", "err", err, admin.AuditKey, true)
 		return
 	}
-	logger.Info("tenant config reloaded", "tenants", len(nc.Tenants))
+	changes := tenants.Diff(old, srv.Tenants())
+	logger.Info("tenant config reloaded", "tenants", len(nc.Tenants), "changes", strings.Join(changes, "; "), admin.AuditKey, true)
 }
 
 // announceKey prints a generated API key once, on the terminal (stderr),
