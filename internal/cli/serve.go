@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
+	"github.com/pagewarden/pagewarden/internal/admin"
 	"github.com/pagewarden/pagewarden/internal/disagg"
 	"github.com/pagewarden/pagewarden/internal/gateway"
 	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
@@ -292,9 +293,9 @@ that long.`,
 			for {
 				select {
 				case <-hup:
-					reloadTenants(srv, configPath, logger) // the shared registry: gateway and scheduler at once
+					reloadTenants(srv, configPath, af.audit(logger)) // the shared registry: gateway and scheduler at once
 				case <-usr1:
-					scrubQuarantine(cmd.Context(), scrubber, logger)
+					scrubQuarantine(cmd.Context(), scrubber, af.audit(logger))
 				case <-cmd.Context().Done():
 					logger.Info("draining", "deadline", drain.String())
 					ctx, cancel := context.WithTimeout(context.Background(), drain)
@@ -350,10 +351,10 @@ func scrubQuarantine(ctx context.Context, n quarantineScrubber, logger *slog.Log
 	defer cancel()
 	k, err := n.ScrubQuarantined(ctx)
 	if err != nil {
-		logger.Error("SIGUSR1: scrubbing quarantined KV pages failed", "pages", k, "err", err)
+		logger.Error("SIGUSR1: scrubbing quarantined KV pages failed", "pages", k, "err", err, admin.AuditKey, true)
 		return
 	}
-	logger.Info("SIGUSR1: quarantined KV pages scrubbed and freed", "pages", k)
+	logger.Info("SIGUSR1: quarantined KV pages scrubbed and freed", "pages", k, admin.AuditKey, true)
 }
 
 func loadTenants(path string) (*tenants.Config, error) {
