@@ -434,6 +434,7 @@ func gatewayCmd() *cobra.Command {
 	var listen, configPath string
 	var drain time.Duration
 	var maxBody int64
+	var auditRate float64
 	var apiKey string // --api-key (common.go)
 	var sf servedFlags
 	var tf apiTLSFlags // apitls.go
@@ -516,7 +517,7 @@ tokenizes, and its limits must equal theirs: the handshake refuses a mismatch).`
 			defer cancel()
 			routed := make(chan error, 1)
 			go func() { routed <- rt.Run(ctx) }()
-			srv, err := gateway.New(gateway.Config{Backend: rt, Tenants: tcfg, Logger: logger, MaxBodyBytes: maxBody})
+			srv, err := gateway.New(gateway.Config{Backend: rt, Tenants: tcfg, Logger: logger, MaxBodyBytes: maxBody, AuditRate: auditRate})
 			if err != nil {
 				return err
 			}
@@ -573,5 +574,7 @@ tokenizes, and its limits must equal theirs: the handshake refuses a mismatch).`
 	tf.register(c, "api-")
 	c.Flags().DurationVar(&drain, "drain-timeout", 30*time.Second, "how long shutdown waits for in-flight requests")
 	c.Flags().Int64Var(&maxBody, "max-body-bytes", gateway.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")
+	c.Flags().Float64Var(&auditRate, "audit-rate", defaultAuditRate,
+		"fraction of successful answers generated again on fresh pages (as the reserved tenant _audit, at the lowest priority) and compared token for token; a difference counts pagewarden_audit_mismatches_total and logs an ERROR (0 turns it off)")
 	return c
 }

@@ -138,6 +138,7 @@ func serveCmd() *cobra.Command {
 	var drain time.Duration
 	var logPrompts, metricsOnAPI bool
 	var maxBody int64
+	var auditRate float64
 	var reapAfter time.Duration
 	var colocated bool
 	var af adminFlags  // admin.go
@@ -249,7 +250,7 @@ that long.`,
 				register = func(r prometheus.Registerer) error { return r.Register(n.Collector()) }
 			}
 			srv, err := gateway.New(gateway.Config{Backend: backend, Registry: policies, Logger: logger, LogPrompts: logPrompts, MaxBodyBytes: maxBody,
-				MetricsOnAPI: metricsOnAPI})
+				MetricsOnAPI: metricsOnAPI, AuditRate: auditRate})
 			if err != nil {
 				return err
 			}
@@ -324,11 +325,18 @@ that long.`,
 	c.Flags().DurationVar(&drain, "drain-timeout", 30*time.Second, "how long shutdown waits for in-flight requests")
 	c.Flags().BoolVar(&logPrompts, "log-prompts", false, "log prompt and output text (debug only: prompts are customer data)")
 	c.Flags().Int64Var(&maxBody, "max-body-bytes", gateway.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")
+	c.Flags().Float64Var(&auditRate, "audit-rate", defaultAuditRate,
+		"fraction of successful answers generated again on fresh pages (as the reserved tenant _audit, at the lowest priority) and compared token for token; a difference counts pagewarden_audit_mismatches_total and logs an ERROR (0 turns it off)")
 	c.Flags().BoolVar(&colocated, "colocated", false,
 		"run one node (one engine and KV pool, no handoff) instead of a prefill and a decode node: less memory, but long prompts stall running streams")
 	c.Flags().DurationVar(&reapAfter, "quarantine-reap-after", 0, "scrub and free KV pages quarantined after a violation once they have been quarantined this long (0: only on SIGUSR1)")
 	return c
 }
+
+// defaultAuditRate replays one answer in a hundred: enough to notice
+// contamination that recurs within minutes at any real traffic, for about
+// 1% more compute (each replay costs what the answer cost).
+const defaultAuditRate = 0.01
 
 // defaultMetricsListen is loopback only: a local Prometheus or agent can
 // scrape it, nothing else can reach it. 9464 is the port OpenTelemetry's

@@ -273,6 +273,9 @@ func (c *call) generate(prompt []int, promptParam string, g genParams, resp resp
 		s.m.completionTokens.WithLabelValues(c.tenant.ID).Add(float64(count))
 	}
 	c.completionTokens = count
+	if e == nil && c.status != statusClientClosed && (c.finish == "stop" || c.finish == "length") {
+		s.audit.maybe(p, c.sent)
+	}
 	return e
 }
 
@@ -372,6 +375,9 @@ loop:
 			}
 			last = now
 			count++
+			if s.audit.rate > 0 {
+				c.sent = append(c.sent, tok.ID)
+			}
 			// The text of an end-of-generation token is never shown
 			// (with ignore_eos neither), nor that of a stop token id,
 			// as vLLM leaves it out.

@@ -57,6 +57,10 @@ type Config struct {
 	MetricsOnAPI bool
 	// Now is the clock for quotas and timings. Default time.Now.
 	Now func() time.Time
+	// AuditRate is the fraction of successful answers that are generated
+	// again on fresh pages and compared token for token (audit.go); 0
+	// turns the replay audit off.
+	AuditRate float64
 }
 
 // Server is the OpenAI-compatible HTTP gateway. It is an http.Handler; Serve
@@ -87,6 +91,7 @@ type Server struct {
 	stop     context.Context
 	stopNow  context.CancelFunc
 	inflight atomic.Int64 // generation requests submitted
+	audit    *auditor
 
 	httpSrv *http.Server
 	serveMu sync.Mutex
@@ -128,6 +133,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if !(cfg.AuditRate >= 0 && cfg.AuditRate <= 1) {
+		return nil, fmt.Errorf("gateway: audit rate %g: want a fraction between 0 and 1", cfg.AuditRate)
+	}
 	s := &Server{
 		cfg: cfg, backend: cfg.Backend, limits: lim, reg: reg,
 		m: newMetrics(cfg.Backend), log: cfg.Logger, now: cfg.Now,
@@ -141,6 +149,8 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	s.routes()
+	s.audit = newAuditor(s, cfg.AuditRate)
+	s.m.reg.MustRegister(s.audit.replays, s.audit.mismatches)
 	return s, nil
 }
 
@@ -347,6 +357,7 @@ type call struct {
 	finish                                       string
 	err                                          error // internal cause, logged
 	promptText, outputText                       string
+	sent                                         []int // token ids sent, for the replay audit
 }
 
 // handle wraps a handler: draining check, authentication, the single

@@ -55,6 +55,7 @@ type e2eConfig struct {
 	// submitted and abortAfter configure the recorder (see there).
 	submitted  chan request.Owner
 	abortAfter func(request.Params) int
+	auditRate  float64 // gateway.Config.AuditRate
 }
 
 type e2eServer struct {
@@ -110,7 +111,7 @@ func startE2E(t testing.TB, cfg e2eConfig) *e2eServer {
 		backend = rec
 	}
 	logs := &lockedBuffer{}
-	srv, err := gateway.New(gateway.Config{Backend: backend, Tenants: tc, Now: cfg.now,
+	srv, err := gateway.New(gateway.Config{Backend: backend, Tenants: tc, Now: cfg.now, AuditRate: cfg.auditRate,
 		Logger: slog.New(slog.NewJSONHandler(logs, nil))})
 	if err != nil {
 		n.Close()
@@ -440,6 +441,7 @@ func (s *e2eServer) checkMustBeZero() {
 		"pagewarden_gateway_stream_contract_violations_total",
 		"pagewarden_isolation_violations_total",
 		"pagewarden_aborted_but_completed_total",
+		"pagewarden_audit_mismatches_total",
 	} {
 		if v := s.metricValue(name); v != 0 {
 			s.t.Errorf("%s = %v, want 0", name, v)
