@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -103,7 +104,7 @@ func New(cfg Config) (*Server, error) {
 	// path asked with the wrong method is a 405, not a missing file.
 	s.mux.Handle("GET /admin/{$}", http.StripPrefix("/admin/", static))
 	s.mux.Handle("GET /admin/{file}", http.StripPrefix("/admin/", static))
-	s.mux.HandleFunc("GET /admin/api/pages", s.json(func(st *state) any { return st.Pages }))
+	s.mux.HandleFunc("GET /admin/api/pages", s.pages)
 	s.mux.HandleFunc("GET /admin/api/tenants", s.json(func(st *state) any { return st.Tenants }))
 	s.mux.HandleFunc("GET /admin/api/events", s.events)
 	s.mux.HandleFunc("GET /admin/events", s.stream)
@@ -243,6 +244,33 @@ func (s *Server) json(part func(*state) any) http.HandlerFunc {
 func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// pages serves every node's pages; ?state=quarantined (or a comma-separated
+// list of cell states) lists only pages in those states, e.g. the
+// quarantine list before a scrub. Counts stay those of the whole pool.
+func (s *Server) pages(w http.ResponseWriter, r *http.Request) {
+	want := map[string]bool{}
+	if v := r.URL.Query().Get("state"); v != "" {
+		for _, st := range strings.Split(v, ",") {
+			if !slices.Contains(CellStates, st) || st == CellFree {
+				writeError(w, http.StatusBadRequest, "invalid_value", "state",
+					fmt.Sprintf("state %q: want one or more of %s (free pages are never listed)", st, strings.Join(CellStates[1:], ", ")))
+				return
+			}
+			want[st] = true
+		}
+	}
+	view := s.current(r.Context()).Pages
+	if len(want) > 0 {
+		nodes := make([]NodePages, len(view.Nodes))
+		for i, n := range view.Nodes {
+			n.Pages = slices.DeleteFunc(slices.Clone(n.Pages), func(p PageView) bool { return !want[p.State] })
+			nodes[i] = n
+		}
+		view.Nodes = nodes
+	}
+	writeJSON(w, view)
 }
 
 // events serves the audit ring: ?since=SEQ gives only later events.

@@ -427,3 +427,46 @@ func BenchmarkState(b *testing.B) {
 		b.SetBytes(int64(len(body)))
 	}
 }
+
+func TestPagesStateFilter(t *testing.T) {
+	_, ts := newTestServer(t, []Pool{staticPool("node", fixedMap())}, nil)
+	for _, tc := range []struct {
+		query string
+		want  []uint32
+	}{
+		{"", []uint32{1, 2, 3, 4, 5}},
+		{"?state=quarantined", []uint32{5}},
+		{"?state=owned,transfer", []uint32{1, 4}},
+		{"?state=cached", []uint32{3}},
+	} {
+		_, body := get(t, ts, "/admin/api/pages"+tc.query, bearer(adminKey))
+		var v PagesView
+		if err := json.Unmarshal(body, &v); err != nil {
+			t.Fatal(err)
+		}
+		var ids []uint32
+		for _, p := range v.Nodes[0].Pages {
+			ids = append(ids, p.ID)
+		}
+		if !cmp.Equal(ids, tc.want) || v.Nodes[0].Counts["owned"] != 1 {
+			t.Errorf("%q: pages %v, counts %v; want %v", tc.query, ids, v.Nodes[0].Counts, tc.want)
+		}
+	}
+	// The filter does not change the shared state other clients see.
+	_, body := get(t, ts, "/admin/api/pages", bearer(adminKey))
+	if strings.Count(string(body), `"id"`) != 5 {
+		t.Errorf("unfiltered after filtered: %s", body)
+	}
+	for _, bad := range []string{"?state=free", "?state=owned,nope", "?state="} {
+		resp, body := get(t, ts, "/admin/api/pages"+bad, bearer(adminKey))
+		if bad == "?state=" {
+			if resp.StatusCode != 200 {
+				t.Errorf("empty state: %d", resp.StatusCode)
+			}
+			continue
+		}
+		if resp.StatusCode != 400 || !strings.Contains(string(body), `"param":"state"`) {
+			t.Errorf("%s: %d %s", bad, resp.StatusCode, body)
+		}
+	}
+}
