@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	neturl "net/url"
 	"os"
 	"strings"
 	"time"
@@ -174,7 +175,7 @@ PAGEWARDEN_ADMIN_KEY.`,
 		{"events", "the recent isolation and audit events", "GET", "/admin/api/events"},
 		{"scrub", "scrub and free every quarantined KV page (as SIGUSR1 does) and print how many", "POST", "/admin/api/scrub"},
 	} {
-		var url, key, ca string
+		var url, key, ca, state string
 		sub := &cobra.Command{
 			Use:   sc.use,
 			Short: sc.short,
@@ -195,7 +196,11 @@ PAGEWARDEN_ADMIN_KEY.`,
 					}
 					client.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}
 				}
-				req, err := http.NewRequestWithContext(cmd.Context(), sc.method, strings.TrimSuffix(url, "/")+sc.path, nil)
+				path := sc.path
+				if state != "" {
+					path += "?state=" + neturl.QueryEscape(state)
+				}
+				req, err := http.NewRequestWithContext(cmd.Context(), sc.method, strings.TrimSuffix(url, "/")+path, nil)
 				if err != nil {
 					return usagef("--url %q: %v", url, err)
 				}
@@ -223,6 +228,9 @@ PAGEWARDEN_ADMIN_KEY.`,
 		sub.Flags().StringVar(&url, "url", "http://127.0.0.1:9465", "the admin listener's base URL (the server's --admin-listen)")
 		sub.Flags().StringVar(&key, "admin-key", "", "an admin key (PAGEWARDEN_ADMIN_KEY)")
 		sub.Flags().StringVar(&ca, "ca", "", "CA certificate (PEM) to trust for an https --url (default: the system's)")
+		if sc.use == "pages" {
+			sub.Flags().StringVar(&state, "state", "", "only pages in these states, comma-separated: owned, shared, cached, transfer, quarantined (the quarantine list: --state quarantined)")
+		}
 		c.AddCommand(sub)
 	}
 	return c

@@ -154,6 +154,7 @@ func TestAdminCommand(t *testing.T) {
 	}{
 		{[]string{"admin", "tenants", "--url", ts.URL}, `"tenant": "acme"`},
 		{[]string{"admin", "pages", "--url", ts.URL + "/"}, `"total_pages": 3`},
+		{[]string{"admin", "pages", "--url", ts.URL, "--state", "quarantined"}, `"pages": []`},
 		{[]string{"admin", "events", "--url", ts.URL}, `"events": []`},
 		{[]string{"admin", "scrub", "--url", ts.URL}, `"scrubbed": 2`},
 	} {
@@ -168,6 +169,10 @@ func TestAdminCommand(t *testing.T) {
 	var stderr syncBuffer
 	if code := Main(context.Background(), []string{"admin", "pages", "--url", ts.URL, "--admin-key", "pw-wrong"}, io.Discard, &stderr); code == 0 || !strings.Contains(stderr.String(), "401") {
 		t.Errorf("wrong key: exit %d, %s", code, stderr.String())
+	}
+	stderr = syncBuffer{}
+	if code := Main(context.Background(), []string{"admin", "pages", "--url", ts.URL, "--admin-key", key, "--state", "free"}, io.Discard, &stderr); code == 0 || !strings.Contains(stderr.String(), "400") {
+		t.Errorf("bad state: exit %d, %s", code, stderr.String())
 	}
 	stderr = syncBuffer{}
 	if code := Main(context.Background(), []string{"admin", "pages", "--url", ts.URL}, io.Discard, &stderr); code != 2 {
