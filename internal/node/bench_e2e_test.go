@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -128,6 +129,68 @@ func BenchmarkGatewayAddedLatency(b *testing.B) {
 			b.ReportMetric(us(dDirect), "direct-us")
 			b.ReportMetric(us(dHTTP), "http-us")
 			b.ReportMetric(us(dHTTP-dDirect), "added-us")
+		})
+	}
+}
+
+var auditModel = flag.String("model.audit", "135m-q8_0", "builtin model for BenchmarkAuditOverhead")
+
+// BenchmarkAuditOverhead measures what the replay audit costs the clients:
+// 4 tenants, 16 concurrent requests of a 64-token prompt and 64 output
+// tokens on builtin:135m-q8_0 (-model.audit to change it) at audit rates
+// 0, 1%, 10% and 100%, one after the other in one run, with throughput and
+// latencies as the clients saw them, and how many replays ran (each after
+// the load it audits, until the queue is empty) or were dropped.
+//
+//	go test -run '^$' -bench BenchmarkAuditOverhead -benchtime 2x ./internal/node
+func BenchmarkAuditOverhead(b *testing.B) {
+	ids := []string{"t0", "t1", "t2", "t3"}
+	for _, rate := range []float64{0, 0.01, 0.1, 1} {
+		b.Run(fmt.Sprintf("rate=%g", rate), func(b *testing.B) {
+			s := startE2E(b, e2eConfig{model: *auditModel, tenants: ids, node: benchNodeOptions(), direct: true, scrubAsGiven: true, auditRate: rate})
+			var keys []string
+			for _, id := range ids {
+				keys = append(keys, e2eKey(id))
+			}
+			cfg := loadgen.Config{
+				BaseURL: s.url, Keys: keys, Concurrency: 16, Requests: 32,
+				MaxTokens: 64, PromptTokens: 64, RequestTimeout: 5 * time.Minute,
+			}
+			var samples []loadgen.Sample
+			var elapsed time.Duration
+			b.ResetTimer()
+			for range b.N {
+				r, err := loadgen.Run(context.Background(), cfg)
+				if err != nil {
+					b.Fatal(err)
+				}
+				samples = append(samples, r.Samples...)
+				elapsed += r.Elapsed
+			}
+			b.StopTimer()
+			// The replays still queued run now: wait until the count has
+			// not moved for 5 s (longer than one replay takes).
+			for last, still := -1.0, 0; still < 100; time.Sleep(50 * time.Millisecond) {
+				if n := s.metricValue("pagewarden_audit_replays_total"); n != last {
+					last, still = n, 0
+				} else {
+					still++
+				}
+			}
+			r := loadgen.NewReport(samples, len(keys), elapsed)
+			if r.Succeeded != r.Requests {
+				b.Errorf("%d of %d requests failed: %v", r.Requests-r.Succeeded, r.Requests, r.Errors)
+			}
+			ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+			b.ReportMetric(r.OutputTokensPerSec, "tok/s")
+			b.ReportMetric(ms(r.TTFT.P50), "ttft-p50-ms")
+			b.ReportMetric(ms(r.ITL.P50), "itl-p50-ms")
+			b.ReportMetric(ms(r.ITL.P99), "itl-p99-ms")
+			b.ReportMetric(s.replays("match")+s.replays("mismatch"), "replays")
+			b.ReportMetric(s.replays("dropped"), "dropped")
+			if v := s.metricValue("pagewarden_audit_mismatches_total"); v != 0 {
+				b.Errorf("%v audit mismatches", v)
+			}
 		})
 	}
 }
