@@ -100,7 +100,7 @@ The exit code is 1 when a check fails.`,
 	f.IntVar(&cfg.Trials, "trials", 0, "canary copy tasks per key (default 40, 6 with --quick)")
 	f.BoolVar(&cfg.Quick, "quick", false, "fewer trials and a smaller burst: a smoke check in seconds")
 	f.StringVar(&jsonPath, "json", "", "write the full report with evidence as JSON to this file")
-	f.DurationVar(&cfg.Timeout, "request-timeout", time.Minute, "deadline of each request")
+	f.DurationVar(&cfg.Timeout, "request-timeout", 2*time.Minute, "deadline of each request (longer than the server's own queue limit, so that it answers first)")
 	f.DurationVar(&maxDuration, "max-duration", 30*time.Minute, "deadline of the whole probe")
 	return c
 }

@@ -39,7 +39,9 @@ type Config struct {
 	// Trials is the number of canary requests per key; 0 means 40, or 6
 	// with Quick.
 	Trials int
-	// Timeout bounds each request; 0 means 60 s.
+	// Timeout bounds each request; 0 means 2 minutes: longer than the
+	// usual server-side queue limit (a minute), so that a server that is
+	// full answers 503 before the probe gives up and calls it no answer.
 	Timeout time.Duration
 	// HTTPClient is used for every request; nil makes one.
 	HTTPClient *http.Client
@@ -87,7 +89,7 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: --trials %d: want 1..10000", ErrConfig, c.Trials)
 	}
 	if c.Timeout == 0 {
-		c.Timeout = 60 * time.Second
+		c.Timeout = 2 * time.Minute
 	}
 	if c.Timeout < 0 {
 		return fmt.Errorf("%w: --timeout %v must be positive", ErrConfig, c.Timeout)
