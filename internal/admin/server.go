@@ -99,11 +99,23 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	static := http.FileServerFS(ui)
-	// The page's files by name (one path segment), so that a known API
-	// path asked with the wrong method is a 405, not a missing file.
-	s.mux.Handle("GET /admin/{$}", http.StripPrefix("/admin/", static))
-	s.mux.Handle("GET /admin/{file}", http.StripPrefix("/admin/", static))
+	// Each of the page's files on its own route: nothing else is looked
+	// up in the file system (a path that is not a valid name would be a
+	// 500 from a file server), and a known API path asked with the wrong
+	// method is a 405, not a missing file.
+	files, err := fs.ReadDir(ui, ".")
+	if err != nil {
+		return nil, err
+	}
+	serve := func(name string) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) { http.ServeFileFS(w, r, ui, name) }
+	}
+	s.mux.HandleFunc("GET /admin/{$}", serve("index.html"))
+	for _, f := range files {
+		if f.Name() != "index.html" {
+			s.mux.HandleFunc("GET /admin/"+f.Name(), serve(f.Name()))
+		}
+	}
 	s.mux.HandleFunc("GET /admin/api/pages", s.pages)
 	s.mux.HandleFunc("GET /admin/api/tenants", s.json(func(st *state) any { return st.Tenants }))
 	s.mux.HandleFunc("GET /admin/api/events", s.events)

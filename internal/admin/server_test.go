@@ -4,12 +4,14 @@ import (
 	"bufio"
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -469,4 +471,55 @@ func TestPagesStateFilter(t *testing.T) {
 			t.Errorf("%s: %d %s", bad, resp.StatusCode, body)
 		}
 	}
+}
+
+// FuzzHandler: whatever the path, query and Authorization header, the
+// admin handler answers nothing but an auth error unless the header
+// carries the admin key, and never fails with a 5xx.
+func FuzzHandler(f *testing.F) {
+	for _, seed := range [][3]string{
+		{"/admin/", "", "Bearer " + adminKey},
+		{"/admin/api/pages", "state=quarantined", "Bearer " + adminKey},
+		{"/admin/api/events", "since=3", "Basic " + base64.StdEncoding.EncodeToString([]byte("ops:"+adminKey))},
+		{"/admin/api/tenants", "", "Bearer " + tenantKey},
+		{"/admin/events", "", "Bearer  " + adminKey},
+		{"/admin/../metrics", "", "Basic !!"},
+		{"/admin/api/pages", "state=%ff", "bearer " + adminKey},
+	} {
+		f.Add(seed[0], seed[1], seed[2])
+	}
+	s, err := New(Config{
+		Pools:       []Pool{staticPool("node", fixedMap())},
+		KeySHA256:   [][32]byte{sha256.Sum256([]byte(adminKey))},
+		IsTenantKey: func(k string) bool { return k == tenantKey },
+	})
+	if err != nil {
+		f.Fatal(err)
+	}
+	h := s.Handler()
+	f.Fuzz(func(t *testing.T, path, query, auth string) {
+		if !strings.HasPrefix(path, "/") {
+			path = "/" + path
+		}
+		u := &url.URL{Path: path, RawQuery: query}
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond) // ends an event stream
+		defer cancel()
+		req := httptest.NewRequestWithContext(ctx, "GET", "http://admin.test/", nil)
+		req.URL = u
+		req.RequestURI = u.RequestURI()
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code >= 500 {
+			t.Fatalf("%q %q: %d %s", u, auth, rec.Code, rec.Body)
+		}
+		if rec.Code != 401 && rec.Code != 403 && !strings.Contains(auth, adminKey) {
+			user, pass, _ := req.BasicAuth() // the scheme's case is free
+			if !strings.Contains(user+pass, adminKey) {
+				t.Fatalf("%q answered %d without the admin key (auth %q)", u, rec.Code, auth)
+			}
+		}
+	})
 }
