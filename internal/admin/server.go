@@ -2,6 +2,7 @@ package admin
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -157,7 +158,7 @@ func (s *Server) Handler() http.Handler {
 func (s *Server) authorized(w http.ResponseWriter, r *http.Request) bool {
 	key := ""
 	if user, pass, ok := r.BasicAuth(); ok {
-		key = cmpOr(pass, user)
+		key = cmp.Or(pass, user)
 	} else if v, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
 		key = strings.TrimSpace(v)
 	}
@@ -186,13 +187,6 @@ func (s *Server) authorized(w http.ResponseWriter, r *http.Request) bool {
 	}
 	writeError(w, http.StatusUnauthorized, "invalid_api_key", "authorization", msg)
 	return false
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // writeError sends an OpenAI-style error body.
