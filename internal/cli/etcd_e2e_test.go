@@ -181,6 +181,7 @@ func TestEtcdFlags(t *testing.T) {
 		{[]string{"gateway"}, "(or --etcd, to find them there)"},
 		{[]string{"decode", "--etcd", "127.0.0.1:2379", "--etcd-lease-ttl", "1500ms"}, "whole seconds"},
 		{[]string{"decode", "--etcd", "127.0.0.1:2379", "--etcd-cert", "c.pem"}, "needs its key"},
+		{[]string{"prefill", "--etcd", "127.0.0.1:2379", "--etcd-drain-timeout", "-1s"}, "--etcd-drain-timeout -1s"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			r := pw(t, tc.args...)

@@ -60,6 +60,9 @@ func (f *etcdFlags) check(lf *linkFlags) error {
 	if len(lf.prefill) > 0 || len(lf.decode) > 0 {
 		return usagef("--etcd and --prefill/--decode cannot be used together: with --etcd, nodes find each other through etcd")
 	}
+	if f.drain < 0 {
+		return usagef("--etcd-drain-timeout %v: want 0 (stop at once) or more", f.drain)
+	}
 	cfg := f.config(nil)
 	if err := cfg.Validate(); err != nil {
 		return usagef("--etcd: %v", err)
