@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
 	"github.com/pagewarden/pagewarden/internal/sched"
 )
 
@@ -54,6 +55,12 @@ type Config struct {
 	// Scrub, if set, is POST /admin/api/scrub: scrub and free every
 	// quarantined KV page (what SIGUSR1 does) and report how many.
 	Scrub func(ctx context.Context) (int, error)
+	// Tenants, if set, is GET /admin/api/config: the tenant configuration
+	// in force (ids, limits, how many keys; never the key hashes).
+	Tenants func() []tenants.Tenant
+	// Reload, if set, is POST /admin/api/reload: read the tenant config
+	// file again (what SIGHUP does) and report what changed.
+	Reload func(ctx context.Context) (changes []string, err error)
 }
 
 // Server serves the admin page, its JSON API and its event stream.
@@ -123,6 +130,12 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("GET /admin/events", s.stream)
 	if cfg.Scrub != nil {
 		s.mux.HandleFunc("POST /admin/api/scrub", s.scrub)
+	}
+	if cfg.Tenants != nil {
+		s.mux.HandleFunc("GET /admin/api/config", s.config)
+	}
+	if cfg.Reload != nil {
+		s.mux.HandleFunc("POST /admin/api/reload", s.reload)
 	}
 	return s, nil
 }
@@ -309,14 +322,80 @@ type ScrubResult struct {
 	Scrubbed int `json:"scrubbed"`
 }
 
-// scrub frees the quarantine. A state change over HTTP Basic could be
-// forged by another site the operator's browser visits (the browser adds
-// Basic credentials to a cross-site form post by itself); an
-// Authorization: Bearer header cannot be set cross-site without a CORS
-// preflight this server never grants, so POSTs must use it.
+// requireBearer reports whether r carries its key as a Bearer token, and
+// refuses it otherwise. A state change over HTTP Basic could be forged by another
+// site the operator's browser visits (the browser adds Basic credentials
+// to a cross-site form post by itself); an Authorization: Bearer header
+// cannot be set cross-site without a CORS preflight this server never
+// grants, so POSTs must use it.
+func requireBearer(w http.ResponseWriter, r *http.Request) bool {
+	if strings.HasPrefix(r.Header.Get("Authorization"), "Bearer ") {
+		return true
+	}
+	writeError(w, http.StatusForbidden, "bearer_required", "authorization", "changes need the admin key as Authorization: Bearer KEY, not HTTP Basic")
+	return false
+}
+
+// ConfigView is the body of /admin/api/config.
+type ConfigView struct {
+	Tenants []TenantConfig `json:"tenants"`
+}
+
+// TenantConfig is one tenant's configuration, without its key hashes;
+// the limits carry the config file's names (0: unlimited).
+type TenantConfig struct {
+	ID     string `json:"id"`
+	Keys   int    `json:"keys"`
+	Limits struct {
+		RequestsPerMinute int `json:"requests_per_minute"`
+		TokensPerMinute   int `json:"tokens_per_minute"`
+		MaxConcurrent     int `json:"max_concurrent"`
+		MaxKVPages        int `json:"max_kv_pages"`
+		Priority          int `json:"priority"`
+	} `json:"limits"`
+}
+
+func (s *Server) config(w http.ResponseWriter, _ *http.Request) {
+	v := ConfigView{Tenants: []TenantConfig{}}
+	for _, t := range s.cfg.Tenants() {
+		c := TenantConfig{ID: t.ID, Keys: len(t.APIKeySHA256)}
+		l := t.Limits
+		c.Limits.RequestsPerMinute, c.Limits.TokensPerMinute, c.Limits.MaxConcurrent = l.RequestsPerMinute, l.TokensPerMinute, l.MaxConcurrent
+		c.Limits.MaxKVPages, c.Limits.Priority = l.MaxKVPages, l.Priority
+		v.Tenants = append(v.Tenants, c)
+	}
+	writeJSON(w, v)
+}
+
+// ReloadResult is the body of POST /admin/api/reload.
+type ReloadResult struct {
+	Changes []string `json:"changes"`
+}
+
+// reload reads the tenant config again; a file that does not parse or
+// validate keeps the old one and is a 422 with the reason.
+func (s *Server) reload(w http.ResponseWriter, r *http.Request) {
+	if !requireBearer(w, r) {
+		return
+	}
+	changes, err := s.cfg.Reload(r.Context())
+	attrs := map[string]string{"remote": r.RemoteAddr, "changes": strings.Join(changes, "; ")}
+	if err != nil {
+		attrs["err"] = err.Error()
+		s.audit(slog.LevelError, "admin: tenant config reload failed; keeping the old one", attrs)
+		writeError(w, http.StatusUnprocessableEntity, "reload_failed", "", "reload failed, the old configuration stays in force: "+err.Error())
+		return
+	}
+	s.audit(slog.LevelWarn, "admin: tenant config reloaded", attrs)
+	if changes == nil {
+		changes = []string{}
+	}
+	writeJSON(w, ReloadResult{Changes: changes})
+}
+
+// scrub frees the quarantine (Bearer only: see requireBearer).
 func (s *Server) scrub(w http.ResponseWriter, r *http.Request) {
-	if !strings.HasPrefix(r.Header.Get("Authorization"), "Bearer ") {
-		writeError(w, http.StatusForbidden, "bearer_required", "authorization", "changes need the admin key as Authorization: Bearer KEY, not HTTP Basic")
+	if !requireBearer(w, r) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), snapshotTimeout)

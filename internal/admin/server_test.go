@@ -18,6 +18,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
 	"github.com/pagewarden/pagewarden/internal/kvcache"
 	"github.com/pagewarden/pagewarden/internal/request"
 	"github.com/pagewarden/pagewarden/internal/sched"
@@ -522,4 +523,60 @@ func FuzzHandler(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestConfigAndReload(t *testing.T) {
+	ring := NewRing(8)
+	cfg := []tenants.Tenant{{ID: "acme", APIKeySHA256: []string{strings.Repeat("ab", 32), strings.Repeat("cd", 32)}, Limits: tenants.Limits{MaxConcurrent: 2}}}
+	var reloadErr error
+	s, err := New(Config{
+		Pools:     []Pool{staticPool("node", fixedMap())},
+		KeySHA256: [][32]byte{sha256.Sum256([]byte(adminKey))},
+		Events:    ring,
+		Tenants:   func() []tenants.Tenant { return cfg },
+		Reload: func(context.Context) ([]string, error) {
+			if reloadErr != nil {
+				return nil, reloadErr
+			}
+			return []string{"tenant beta added"}, nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(s.Handler())
+	defer ts.Close()
+	resp, body := get(t, ts, "/admin/api/config", bearer(adminKey))
+	want := `{"tenants":[{"id":"acme","keys":2,"limits":{"requests_per_minute":0,"tokens_per_minute":0,"max_concurrent":2,"max_kv_pages":0,"priority":0}}]}`
+	if resp.StatusCode != 200 || strings.TrimSpace(string(body)) != want {
+		t.Errorf("config: %d %s", resp.StatusCode, body)
+	}
+	if strings.Contains(string(body), "abab") {
+		t.Error("config shows a key hash")
+	}
+	post := func(set func(*http.Request)) (int, string) {
+		req, _ := http.NewRequest("POST", ts.URL+"/admin/api/reload", nil)
+		set(req)
+		resp, err := ts.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, strings.TrimSpace(string(b))
+	}
+	if code, body := post(func(r *http.Request) { r.SetBasicAuth("", adminKey) }); code != 403 {
+		t.Errorf("basic reload: %d %s", code, body)
+	}
+	if code, body := post(bearer(adminKey)); code != 200 || body != `{"changes":["tenant beta added"]}` {
+		t.Errorf("reload: %d %s", code, body)
+	}
+	reloadErr = errors.New("tenants: invalid config: tenant id \"a b\"")
+	if code, body := post(bearer(adminKey)); code != 422 || !strings.Contains(body, "old configuration stays") {
+		t.Errorf("bad reload: %d %s", code, body)
+	}
+	evs, _ := ring.Since(0)
+	if len(evs) != 2 || evs[0].Attrs["changes"] != "tenant beta added" || evs[1].Level != "ERROR" || evs[1].Attrs["remote"] == "" {
+		t.Errorf("audit events %+v", evs)
+	}
 }
