@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
@@ -32,6 +33,8 @@ type adminFlags struct {
 	listen string
 	key    string
 	ring   *admin.Ring
+	// reload, set by serve, is the admin API's reload: SIGHUP's.
+	reload func(ctx context.Context) ([]string, error)
 }
 
 func (f *adminFlags) register(c *cobra.Command) {
@@ -139,6 +142,10 @@ func (f *adminFlags) startNamed(cmd *cobra.Command, cfg *tenants.Config, reg *te
 	if sc, ok := backend.(quarantineScrubber); ok {
 		acfg.Scrub = sc.ScrubQuarantined
 	}
+	if reg != nil {
+		acfg.Tenants = reg.Tenants
+	}
+	acfg.Reload = f.reload
 	srv, err := admin.New(acfg)
 	if err != nil {
 		return nil, err
@@ -174,6 +181,8 @@ PAGEWARDEN_ADMIN_KEY.`,
 		{"tenants", "each tenant's pages, queued and running requests, and the must-be-zero counters", "GET", "/admin/api/tenants"},
 		{"events", "the recent isolation and audit events", "GET", "/admin/api/events"},
 		{"scrub", "scrub and free every quarantined KV page (as SIGUSR1 does) and print how many", "POST", "/admin/api/scrub"},
+		{"config", "the tenant configuration in force: ids, limits, how many keys (never the hashes)", "GET", "/admin/api/config"},
+		{"reload", "read the tenant config file again (as SIGHUP does) and print what changed", "POST", "/admin/api/reload"},
 	} {
 		var url, key, ca, state string
 		sub := &cobra.Command{

@@ -271,3 +271,44 @@ func TestServeAdminAuditsReloadAndScrub(t *testing.T) {
 		}
 	}
 }
+
+// TestServeAdminConfigAndReload: `pagewarden admin config` shows the
+// tenants in force without key hashes, and `pagewarden admin reload`
+// rereads the file and prints what changed.
+func TestServeAdminConfigAndReload(t *testing.T) {
+	const tenantKey, adminKey = "pw-tenant-key", "pw-admin-key"
+	config := filepath.Join(t.TempDir(), "tenants.yaml")
+	write := func(extra string) {
+		yaml := "admin_key_sha256: [" + tenants.HashKey(adminKey) + "]\ntenants:\n  - id: acme\n    api_key_sha256: [" + tenants.HashKey(tenantKey) + "]\n" + extra
+		if err := os.WriteFile(config, []byte(yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("")
+	_, stderr := serve(t, "--config", config, "--admin-listen", "127.0.0.1:0", "--colocated")
+	base := regexp.MustCompile(`admin on (http://\S+)/admin/`).FindStringSubmatch(stderr)[1]
+	run := func(args ...string) (int, string, string) {
+		var stdout, errb syncBuffer
+		code := Main(context.Background(), append(append([]string{"admin"}, args...), "--url", base, "--admin-key", adminKey), &stdout, &errb)
+		return code, stdout.String(), errb.String()
+	}
+	if code, out, errs := run("config"); code != 0 || !strings.Contains(out, `"id": "acme"`) || strings.Contains(out, tenants.HashKey(tenantKey)) {
+		t.Errorf("config: %d %s %s", code, out, errs)
+	}
+	write("  - id: beta\n    api_key_sha256: [" + tenants.HashKey("pw-beta") + "]\n")
+	if code, out, errs := run("reload"); code != 0 || !strings.Contains(out, "tenant beta added") {
+		t.Errorf("reload: %d %s %s", code, out, errs)
+	}
+	if code, out, _ := run("config"); code != 0 || !strings.Contains(out, `"id": "beta"`) {
+		t.Errorf("config after reload: %s", out)
+	}
+	if err := os.WriteFile(config, []byte("tenants: ["), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errs := run("reload"); code == 0 || !strings.Contains(errs, "422") {
+		t.Errorf("broken file: exit %d, %s", code, errs)
+	}
+	if code, out, _ := run("events"); code != 0 || !strings.Contains(out, "admin: tenant config reloaded") || !strings.Contains(out, "reload failed") {
+		t.Errorf("events: %s", out)
+	}
+}

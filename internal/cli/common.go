@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"github.com/pagewarden/pagewarden/internal/admin"
 	"github.com/pagewarden/pagewarden/internal/gateway"
@@ -152,12 +153,13 @@ func (f *servedFlags) apply(cmd *cobra.Command, o *node.Options) error {
 	return nil
 }
 
-// reloadTenants is SIGHUP: read --config again and swap it in, or keep
-// the one in force and log why.
-func reloadTenants(srv *gateway.Server, path string, logger *slog.Logger) {
+// reloadTenants is SIGHUP (and the admin API's reload): read --config
+// again and swap it in, or keep the one in force and log why. It returns
+// what changed (tenants.Diff).
+func reloadTenants(srv *gateway.Server, path string, logger *slog.Logger) ([]string, error) {
 	if path == "" {
 		logger.Warn("SIGHUP ignored: no --config to reload")
-		return
+		return nil, errNoConfig
 	}
 	old := srv.Tenants()
 	nc, err := loadTenants(path)
@@ -168,11 +170,16 @@ func reloadTenants(srv *gateway.Server, path string, logger *slog.Logger) {
 	// who may use the server, and within what limits, changed or not.
 	if err != nil {
 		logger.Error("tenant config reload failed; keeping the old one", "err", err, admin.AuditKey, true)
-		return
+		return nil, err
 	}
 	changes := tenants.Diff(old, srv.Tenants())
 	logger.Info("tenant config reloaded", "tenants", len(nc.Tenants), "changes", strings.Join(changes, "; "), admin.AuditKey, true)
+	return changes, nil
 }
+
+// errNoConfig: a reload without --config (one generated or --api-key
+// tenant) has nothing to read.
+var errNoConfig = errors.New("no --config to reload")
 
 // announceKey prints a generated API key once, on the terminal (stderr),
 // when the server is about to listen; nothing for a configured one.
