@@ -262,6 +262,7 @@ that long.`,
 				return err
 			}
 			defer stopMetrics()
+			af.reload = func(context.Context) ([]string, error) { return reloadTenants(srv, configPath, logger) }
 			stopAdmin, err := af.start(cmd, tcfg, policies, backend, tlsCfg, logger)
 			if err != nil {
 				return err
