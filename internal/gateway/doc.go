@@ -45,9 +45,9 @@
 //	                           add_generation_prompt, response_format
 //	                           (text, json_object, json_schema with
 //	                           strict), tools (functions, ≤ 128),
-//	                           tool_choice ("none", "auto" with a Hermes
-//	                           or Llama 3 template, "required", a named
-//	                           function), parallel_tool_calls (false:
+//	                           tool_choice ("none", "auto" with a Hermes,
+//	                           Llama 3 or Mistral template, "required", a
+//	                           named function), parallel_tool_calls (false:
 //	                           "auto" keeps the first call)
 //	honoured, completions      prompt (one: text or token ids)
 //	accepted (no effect)       user; chat: metadata (≤ 16 pairs),
@@ -101,12 +101,14 @@
 // argument deltas). "auto", the default with tools, is unconstrained and
 // the calls are parsed out of the answer in the syntax the template
 // teaches: Hermes' <tool_call>{"name", "arguments"}</tool_call> (Hermes 2
-// Pro, Hermes 3, Qwen 2.5) or Llama 3's whole-answer {"name",
-// "parameters"} objects separated by ";" (Llama 3.1-3.3). The text before
+// Pro, Hermes 3, Qwen 2.5), Llama 3's whole-answer {"name",
+// "parameters"} objects separated by ";" (Llama 3.1-3.3) or Mistral's
+// whole-answer [TOOL_CALLS][{"name", "arguments"}, ...] (Mistral Nemo).
+// The text before
 // the first call is the content, each well-formed call of an offered
 // function a tool_call (finish "tool_calls"), anything else stays text;
 // streamed, the content goes out until a call may begin and the calls come
-// whole at the end. With a template that teaches neither, "auto" is
+// whole at the end. With a template that teaches none of them, "auto" is
 // refused.
 // Assistant messages may carry tool_calls (arguments given as a JSON
 // string become an object for the template, as vLLM passes them), and

@@ -30,7 +30,7 @@ func (s *Server) chatCompletions(c *call) *apiError {
 	}
 	if g.toolAuto != nil {
 		if g.toolSyntax = callSyntax(s.backend.ChatTemplate()); g.toolSyntax == "" {
-			e := badRequest("tool_choice", "'tool_choice' \"auto\" (the default when 'tools' are given) needs calls parsed out of the model's text, and this model's chat template does not teach a call syntax this server parses (Hermes' <tool_call>, Llama 3's JSON). Send \"required\", {\"type\": \"function\", \"function\": {\"name\": ...}} or \"none\".")
+			e := badRequest("tool_choice", "'tool_choice' \"auto\" (the default when 'tools' are given) needs calls parsed out of the model's text, and this model's chat template does not teach a call syntax this server parses (Hermes' <tool_call>, Llama 3's JSON, Mistral's [TOOL_CALLS]). Send \"required\", {\"type\": \"function\", \"function\": {\"name\": ...}} or \"none\".")
 			e.Code = "unsupported_parameter"
 			return e
 		}
@@ -607,9 +607,9 @@ func (r *chatResponder) delta(c *call, g *genParams, text string) error {
 }
 
 // streamAuto streams an "auto" answer's text as content until a call may
-// begin (Hermes: its opening tag; Llama 3: an answer that opens with "{",
-// after leading spaces); from there on, the rest is kept for finish to
-// parse.
+// begin (Hermes: its opening tag; Llama 3 and Mistral: an answer that
+// opens with "{" or "[", after leading spaces and Mistral's marker); from
+// there on, the rest is kept for finish to parse.
 func (r *chatResponder) streamAuto(c *call, syntax, text string) error {
 	r.text = append(r.text, text...)
 	if r.inCall {
@@ -617,13 +617,19 @@ func (r *chatResponder) streamAuto(c *call, syntax, text string) error {
 	}
 	all := string(r.text)
 	var end int
-	if syntax == syntaxLlama3 {
+	if syntax != syntaxHermes {
+		// A whole-answer syntax: the answer is calls if it opens like
+		// them, decided at its first byte that is not a space.
 		if r.contentSent == 0 {
 			lead := strings.TrimLeft(all, " \t\r\n")
+			if syntax == syntaxMistral && strings.HasPrefix(mistralCalls, lead) {
+				return nil // only spaces, or part of the marker: undecided
+			}
+			lead = strings.TrimLeft(strings.TrimPrefix(lead, mistralCalls), " \t\r\n")
 			switch {
 			case lead == "":
-				return nil // only spaces so far: undecided
-			case lead[0] == '{':
+				return nil
+			case lead[0] == callOpens(syntax):
 				r.inCall = true
 				return nil
 			}

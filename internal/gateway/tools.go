@@ -25,9 +25,11 @@ import (
 // calls) is unconstrained, and the calls are parsed out of the text in the
 // syntax the model's template teaches: Hermes'
 // <tool_call>{"name": ..., "arguments": ...}</tool_call> (Hermes 2 Pro,
-// Hermes 3, Qwen 2.5) or Llama 3's whole-answer {"name": ..., "parameters":
-// ...} (Llama 3.1, 3.2, 3.3). For a template that teaches neither, "auto"
-// is refused rather than answered with text that never becomes a call.
+// Hermes 3, Qwen 2.5), Llama 3's whole-answer {"name": ..., "parameters":
+// ...} (Llama 3.1, 3.2, 3.3) or Mistral's whole-answer [TOOL_CALLS][{"name":
+// ..., "arguments": ...}, ...] (Mistral Nemo). For a template that teaches
+// none of them, "auto" is refused rather than answered with text that
+// never becomes a call.
 
 // maxToolCallID bounds a tool message's tool_call_id.
 const maxToolCallID = 256
@@ -279,9 +281,14 @@ const (
 
 // Call syntaxes "auto" parses, by what the chat template teaches.
 const (
-	syntaxHermes = "hermes"
-	syntaxLlama3 = "llama3"
+	syntaxHermes  = "hermes"
+	syntaxLlama3  = "llama3"
+	syntaxMistral = "mistral"
 )
+
+// mistralCalls marks Mistral's calls; it is a control token in Mistral's
+// vocabularies (no text), but may come out as text where it is not.
+const mistralCalls = "[TOOL_CALLS]"
 
 // callSyntax is the call syntax a chat template teaches, "" if none this
 // server parses.
@@ -291,16 +298,61 @@ func callSyntax(template string) string {
 		return syntaxHermes
 	case strings.Contains(template, `{"name": function name, "parameters": dictionary of argument name and its value}`):
 		return syntaxLlama3
+	case strings.Contains(template, mistralCalls) && strings.Contains(template, "[AVAILABLE_TOOLS]"):
+		return syntaxMistral
 	}
 	return ""
 }
 
+// callOpens is what a whole-answer call syntax's answer opens with (after
+// spaces and, for Mistral, its marker).
+func callOpens(syntax string) byte {
+	if syntax == syntaxMistral {
+		return '['
+	}
+	return '{'
+}
+
 // parseCalls parses an "auto" answer in syntax.
 func parseCalls(syntax, text string, names []string) (content string, calls []autoCall, ok bool) {
-	if syntax == syntaxLlama3 {
+	switch syntax {
+	case syntaxLlama3:
 		return parseLlama3(text, names)
+	case syntaxMistral:
+		return parseMistral(text, names)
 	}
 	return parseHermes(text, names)
+}
+
+// parseMistral parses Mistral's call syntax: the whole answer is a JSON
+// array of {"name": NAME, "arguments": ARGS} objects (an "id" in them is
+// ignored: the calls get ours), after the [TOOL_CALLS] marker when it is
+// text; anything else is text.
+func parseMistral(text string, names []string) (content string, calls []autoCall, ok bool) {
+	rest := strings.TrimSpace(text)
+	rest = strings.TrimSpace(strings.TrimPrefix(rest, mistralCalls))
+	if !strings.HasPrefix(rest, "[") {
+		return text, nil, false
+	}
+	dec := json.NewDecoder(strings.NewReader(rest))
+	var list []struct {
+		Name      *string         `json:"name"`
+		Arguments json.RawMessage `json:"arguments"`
+	}
+	if err := dec.Decode(&list); err != nil || len(list) == 0 || strings.TrimSpace(rest[dec.InputOffset():]) != "" {
+		return text, nil, false
+	}
+	for _, c := range list {
+		if c.Name == nil || !slices.Contains(names, *c.Name) {
+			return text, nil, false
+		}
+		args, good := objectArgs(c.Arguments)
+		if !good {
+			return text, nil, false
+		}
+		calls = append(calls, autoCall{name: *c.Name, args: args})
+	}
+	return "", calls, true
 }
 
 // parseLlama3 parses Llama 3's JSON call syntax: the whole answer is one

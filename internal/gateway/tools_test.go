@@ -164,6 +164,16 @@ func TestToolAuto(t *testing.T) {
 			{"trailing text", `{"name": "get_weather", "parameters": {}} done`, `{"name": "get_weather", "parameters": {}} done`, "stop", nil},
 		})
 	})
+	t.Run("mistral", func(t *testing.T) {
+		testToolAuto(t, "mistralai-Mistral-Nemo-Instruct-2407.jinja", nil, []autoCase{
+			{"calls", `[{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "abc123def"}, {"name": "get_weather", "arguments": {}}]`, "", "tool_calls",
+				[]string{`get_weather({"city":"Paris"})`, `get_weather({})`}},
+			{"marker as text", `[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "A"}}]`, "", "tool_calls", []string{`get_weather({"city":"A"})`}},
+			{"text only", "[1] is a footnote.", "[1] is a footnote.", "stop", nil},
+			{"unknown function", `[{"name": "rm", "arguments": {}}]`, `[{"name": "rm", "arguments": {}}]`, "stop", nil},
+			{"empty list", `[]`, `[]`, "stop", nil},
+		})
+	})
 	t.Run("parallel_tool_calls false", func(t *testing.T) {
 		testToolAuto(t, "meta-llama-Llama-3.1-8B-Instruct.jinja", map[string]any{"parallel_tool_calls": false}, []autoCase{
 			{"first of two calls", `{"name": "get_weather", "parameters": {"city": "A"}}; {"name": "get_weather", "parameters": {}}`, "", "tool_calls",
