@@ -224,6 +224,12 @@ func checkDockerfile(dockerfile, readme, gomod []byte, manifestImages []string) 
 	for _, in := range instrs {
 		if in.op == "FROM" {
 			w := strings.Fields(in.args)
+			// As hadolint's DL3006/DL3007 (it is not packaged where CI
+			// runs): a base is pinned to a version, never latest.
+			last := w[0][strings.LastIndex(w[0], "/")+1:] // a registry's host:port is not a tag
+			if _, tag, ok := strings.Cut(last, ":"); w[0] != "scratch" && !strings.Contains(w[0], "@sha256:") && (!ok || tag == "latest") {
+				bad("Dockerfile:%d: FROM %s: pin the base image to a tag or digest, not latest", in.line, w[0])
+			}
 			s := &stage{from: w[0], line: in.line, copiedFromTo: map[string]string{}}
 			if len(w) == 3 && strings.EqualFold(w[1], "AS") {
 				s.name = w[2]
@@ -251,9 +257,12 @@ func checkDockerfile(dockerfile, readme, gomod []byte, manifestImages []string) 
 			}
 		case "USER":
 			s.user = in.args
-		case "ENTRYPOINT":
+		case "ENTRYPOINT", "CMD":
 			if !strings.HasPrefix(in.args, "[") {
-				bad("Dockerfile:%d: ENTRYPOINT in shell form (signals would go to a shell, and the runtime image has none)", in.line)
+				bad("Dockerfile:%d: %s in shell form (signals would go to a shell, and the runtime image has none)", in.line, in.op)
+				continue
+			}
+			if in.op == "CMD" {
 				continue
 			}
 			s.entry, _ = shellWords(strings.NewReplacer("[", "", "]", "", ",", " ").Replace(in.args))
@@ -369,6 +378,9 @@ func TestDockerfile(t *testing.T) {
 		{`ENTRYPOINT ["/usr/local/bin/pagewarden"]`, `ENTRYPOINT ["/pagewarden"]`, "want the copied binary"},
 		{`ENTRYPOINT ["/usr/local/bin/pagewarden"]`, `ENTRYPOINT /usr/local/bin/pagewarden`, "shell form"},
 		{"COPY --from=build /out/pagewarden", "COPY --from=build /out/pw", "does not copy the built"},
+		{"FROM golang:1.26.8-bookworm", "FROM golang", "pin the base image"},
+		{"FROM gcr.io/distroless/static-debian12:nonroot", "FROM gcr.io/distroless/static-debian12:latest", "pin the base image"},
+		{`CMD ["serve", "--listen=0.0.0.0:8080"]`, `CMD serve --listen=0.0.0.0:8080`, "CMD in shell form"},
 	} {
 		t.Run(tc.new, func(t *testing.T) {
 			if !bytes.Contains(dockerfile, []byte(tc.old)) {
