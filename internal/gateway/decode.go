@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"reflect"
 	"slices"
 	"strconv"
@@ -133,6 +134,7 @@ type completionRequest struct {
 type genParams struct {
 	model        string
 	maxTokens    int    // 0: fill the window; else in [1, maxMaxTokens]
+	n            int    // choices, in [1, maxN]
 	maxParam     string // the field maxTokens came from
 	sampling     request.Sampling
 	stop         []string
@@ -304,6 +306,11 @@ func (f *commonFields) validate() (genParams, *apiError) {
 		}
 		g.sampling.FrequencyPenalty = float32(*v)
 	}
+	n, e := parseN(f.N)
+	if e != nil {
+		return g, e
+	}
+	g.n = n
 	bias, e := parseLogitBias(f.LogitBias)
 	if e != nil {
 		return g, e
@@ -358,6 +365,24 @@ func (f *commonFields) validate() (genParams, *apiError) {
 		g.cacheSalt = *f.CacheSalt
 	}
 	return g, nil
+}
+
+// parseN accepts null (1) or an integer in [1, maxN]; an integral number
+// such as 2.0 is that integer, as JSON does not tell them apart.
+func parseN(raw json.RawMessage) (int, *apiError) {
+	if isNull(raw) {
+		return 1, nil
+	}
+	var f float64
+	if err := json.Unmarshal(raw, &f); err != nil {
+		e := badRequest("n", "Invalid type for 'n': expected an integer.")
+		e.Code, e.Err = "invalid_type", err
+		return 0, e
+	}
+	if f != math.Trunc(f) || f < 1 || f > maxN {
+		return 0, badRequest("n", "'n' must be an integer between 1 and %d, got %s.", maxN, bytes.TrimSpace(raw))
+	}
+	return int(f), nil
 }
 
 // parseLogitBias accepts null or an object mapping token ids (decimal

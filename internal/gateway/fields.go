@@ -82,10 +82,11 @@ var sharedFields = concat(
 		// Extensions, with vLLM's meaning.
 		"max_completion_tokens", "top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "cache_salt",
 		// A JSON Schema the output must validate against (package grammar).
-		"guided_json"),
+		"guided_json",
+		// Choices by fan-out on shared prompt pages (fanout.go).
+		"n"),
 	accept("user"),
 	[]knownField{
-		refuse("n", "'n' other than 1", "1"),
 		refuse("top_logprobs", "'top_logprobs'"),
 		// vLLM's extensions this server does not implement.
 		refuse("guided_regex", "Guided decoding ('guided_regex')"),

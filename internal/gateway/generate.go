@@ -40,7 +40,7 @@ func (s *Server) chatCompletions(c *call) *apiError {
 		return e
 	}
 	c.promptText = text
-	return c.generate(ids, "messages", g, &chatResponder{})
+	return c.generate(ids, "messages", g, func(i int) responder { return &chatResponder{index: i} })
 }
 
 func (s *Server) completions(c *call) *apiError {
@@ -71,7 +71,7 @@ func (s *Server) completions(c *call) *apiError {
 		}
 		c.promptText = p.text
 	}
-	return c.generate(ids, "prompt", g, &completionResponder{})
+	return c.generate(ids, "prompt", g, func(i int) responder { return &completionResponder{index: i} })
 }
 
 // chatPrompt renders messages with the model's chat template (or the
@@ -207,15 +207,26 @@ type responder interface {
 	// the response on first use); non-streaming keeps it.
 	delta(c *call, g *genParams, text string) error
 	// finish ends a successful response: the only place a 200 body or a
-	// [DONE] is written.
+	// [DONE] is written. It is choice followed by end.
 	finish(c *call, g *genParams, reason string, u usageJSON) error
+	// choice ends this responder's choice: streaming writes what is left
+	// of it and its finish chunk; otherwise it returns the choice's
+	// object for the body.
+	choice(c *call, g *genParams, reason string) (any, error)
+	// end ends the response once every choice has: the body with
+	// choices (non-streaming), or the usage chunk and [DONE].
+	end(c *call, g *genParams, choices []any, u usageJSON) error
 }
 
 // generate admits, submits and relays one request. Errors before the
 // first byte are returned (an HTTP error); later ones are written as an
 // SSE error event by c.fail.
-func (c *call) generate(prompt []int, promptParam string, g genParams, resp responder) *apiError {
+func (c *call) generate(prompt []int, promptParam string, g genParams, newResp func(index int) responder) *apiError {
 	s := c.s
+	if g.n > 1 {
+		return c.generateN(prompt, promptParam, g, newResp)
+	}
+	resp := newResp(0)
 	if e := s.checkTokenIDs(&g); e != nil {
 		return e
 	}
@@ -369,7 +380,14 @@ loop:
 			now := s.now()
 			if count == 0 {
 				c.ttft = now.Sub(c.start)
-				s.m.ttft.WithLabelValues(c.tenant.ID).Observe(c.ttft.Seconds())
+				if c.index == 0 {
+					// One observation per request: a sibling's first
+					// token is not the client's first.
+					s.m.ttft.WithLabelValues(c.tenant.ID).Observe(c.ttft.Seconds())
+				}
+				if c.onFirst != nil {
+					c.onFirst()
+				}
 			} else {
 				s.m.interToken.WithLabelValues(c.tenant.ID).Observe(now.Sub(last).Seconds())
 			}
@@ -451,6 +469,15 @@ loop:
 		}
 	}
 	c.finish = reason
+	if c.fan != nil {
+		// One choice of several: generateN writes the end.
+		ch, err := resp.choice(c, g, reason)
+		if err != nil {
+			c.status, c.finish, c.err = statusClientClosed, "client_closed", err
+		}
+		c.choiceOut = ch
+		return count, nil
+	}
 	u := usageJSON{PromptTokens: c.promptTokens, CompletionTokens: count, TotalTokens: c.promptTokens + count,
 		PromptTokensDetails: &promptDetails{CachedTokens: c.cachedTokens}}
 	if err := resp.finish(c, g, reason, u); err != nil {
@@ -472,6 +499,16 @@ type promptDetails struct {
 
 // sse writes server-sent events with a per-write deadline.
 func (c *call) startSSE() {
+	if c.fan != nil {
+		// One of several choices: the first to start writes the header.
+		c.fan.mu.Lock()
+		defer c.fan.mu.Unlock()
+		c.started = true
+		if c.fan.started {
+			return
+		}
+		c.fan.started = true
+	}
 	h := c.w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
@@ -490,6 +527,12 @@ func (c *call) writeEvent(v any) error {
 }
 
 func (c *call) writeRaw(b []byte) error {
+	if c.fan != nil {
+		// Choices stream concurrently; one writer at a time keeps each
+		// event whole.
+		c.fan.mu.Lock()
+		defer c.fan.mu.Unlock()
+	}
 	rc := http.NewResponseController(c.w)
 	_ = rc.SetWriteDeadline(c.s.now().Add(c.s.cfg.WriteTimeout)) // unsupported by some writers: best effort
 	if _, err := c.w.Write(b); err != nil {
@@ -525,7 +568,8 @@ func (c *call) writeJSON(v any) error {
 // Chat completion shapes.
 
 type chatResponder struct {
-	text []byte
+	index int // the choice's index
+	text  []byte
 	// Tool calls (genParams.toolCall): the call's id, and how much of
 	// its arguments went out in stream chunks (the last byte is held
 	// back: it may be the call's closing brace).
@@ -577,7 +621,7 @@ type toolFunctionDelta struct {
 func (r *chatResponder) chunk(c *call, d chatDelta, finish *string) chatChunk {
 	return chatChunk{ID: "chatcmpl-" + c.id.String(), Object: "chat.completion.chunk", Created: c.start.Unix(),
 		Model:   c.s.backend.ModelID(),
-		Choices: []chatChunkChoice{{Delta: d, FinishReason: finish}}}
+		Choices: []chatChunkChoice{{Index: r.index, Delta: d, FinishReason: finish}}}
 }
 
 func (r *chatResponder) begin(c *call) error {
@@ -741,6 +785,14 @@ func (r *chatResponder) callMessage(reason string) (map[string]any, string) {
 }
 
 func (r *chatResponder) finish(c *call, g *genParams, reason string, u usageJSON) error {
+	ch, err := r.choice(c, g, reason)
+	if err != nil {
+		return err
+	}
+	return r.end(c, g, []any{ch}, u)
+}
+
+func (r *chatResponder) choice(c *call, g *genParams, reason string) (any, error) {
 	c.outputText = string(r.text)
 	if !g.stream {
 		msg := map[string]any{"role": "assistant", "content": string(r.text)}
@@ -750,31 +802,26 @@ func (r *chatResponder) finish(c *call, g *genParams, reason string, u usageJSON
 		case g.toolAuto != nil:
 			msg, reason = autoMessage(g, string(r.text), reason)
 		}
-		return c.writeJSON(map[string]any{
-			"id": "chatcmpl-" + c.id.String(), "object": "chat.completion", "created": c.start.Unix(),
-			"model": c.s.backend.ModelID(),
-			"choices": []any{map[string]any{
-				"index": 0, "message": msg,
-				"logprobs": nil, "finish_reason": reason,
-			}},
-			"usage": u,
-		})
+		return map[string]any{
+			"index": r.index, "message": msg,
+			"logprobs": nil, "finish_reason": reason,
+		}, nil
 	}
 	if !c.started {
 		if err := r.begin(c); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if g.toolCall {
 		complete := reason == "stop"
 		if err := r.streamCall(c, true, complete); err != nil {
-			return err
+			return nil, err
 		}
 		if !r.named && len(r.text) > 0 {
 			// Cut before the name was known: the text as content.
 			text := string(r.text)
 			if err := c.writeEvent(r.chunk(c, chatDelta{Content: &text}, nil)); err != nil {
-				return err
+				return nil, err
 			}
 		}
 		if complete && r.named {
@@ -784,11 +831,18 @@ func (r *chatResponder) finish(c *call, g *genParams, reason string, u usageJSON
 	if g.toolAuto != nil {
 		var err error
 		if reason, err = r.finishAuto(c, g, reason); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	if err := c.writeEvent(r.chunk(c, chatDelta{}, &reason)); err != nil {
-		return err
+	return nil, c.writeEvent(r.chunk(c, chatDelta{}, &reason))
+}
+
+func (r *chatResponder) end(c *call, g *genParams, choices []any, u usageJSON) error {
+	if !g.stream {
+		return c.writeJSON(map[string]any{
+			"id": "chatcmpl-" + c.id.String(), "object": "chat.completion", "created": c.start.Unix(),
+			"model": c.s.backend.ModelID(), "choices": choices, "usage": u,
+		})
 	}
 	if g.includeUsage {
 		ch := r.chunk(c, chatDelta{}, nil)
@@ -804,7 +858,8 @@ func (r *chatResponder) finish(c *call, g *genParams, reason string, u usageJSON
 // Completion shapes.
 
 type completionResponder struct {
-	text []byte
+	index int // the choice's index
+	text  []byte
 }
 
 type completionChunk struct {
@@ -825,7 +880,7 @@ type completionChoice struct {
 
 func (r *completionResponder) chunk(c *call, text string, finish *string) completionChunk {
 	return completionChunk{ID: "cmpl-" + c.id.String(), Object: "text_completion", Created: c.start.Unix(),
-		Model: c.s.backend.ModelID(), Choices: []completionChoice{{Text: text, FinishReason: finish}}}
+		Model: c.s.backend.ModelID(), Choices: []completionChoice{{Index: r.index, Text: text, FinishReason: finish}}}
 }
 
 func (r *completionResponder) delta(c *call, g *genParams, text string) error {
@@ -840,17 +895,33 @@ func (r *completionResponder) delta(c *call, g *genParams, text string) error {
 }
 
 func (r *completionResponder) finish(c *call, g *genParams, reason string, u usageJSON) error {
+	ch, err := r.choice(c, g, reason)
+	if err != nil {
+		return err
+	}
+	return r.end(c, g, []any{ch}, u)
+}
+
+func (r *completionResponder) choice(c *call, g *genParams, reason string) (any, error) {
 	c.outputText = string(r.text)
 	if !g.stream {
-		ch := r.chunk(c, string(r.text), &reason)
-		ch.Usage = &u
-		return c.writeJSON(ch)
+		return completionChoice{Index: r.index, Text: string(r.text), FinishReason: &reason}, nil
 	}
 	if !c.started {
 		c.startSSE()
 	}
-	if err := c.writeEvent(r.chunk(c, "", &reason)); err != nil {
-		return err
+	return nil, c.writeEvent(r.chunk(c, "", &reason))
+}
+
+func (r *completionResponder) end(c *call, g *genParams, choices []any, u usageJSON) error {
+	if !g.stream {
+		ch := r.chunk(c, "", nil)
+		ch.Choices = make([]completionChoice, len(choices))
+		for i, x := range choices {
+			ch.Choices[i] = x.(completionChoice)
+		}
+		ch.Usage = &u
+		return c.writeJSON(ch)
 	}
 	if g.includeUsage {
 		ch := r.chunk(c, "", nil)

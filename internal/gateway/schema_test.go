@@ -53,6 +53,8 @@ type fieldCase struct {
 	// defaults are values of a refused field that are accepted (null
 	// always is): they ask for what the server does anyway.
 	defaults []any
+	// submits is how many requests a 200 submits (n); 0 means 1.
+	submits int
 }
 
 // b is the fake's token id of byte c.
@@ -196,7 +198,19 @@ var sharedCases = []fieldCase{
 		}
 	}},
 	acceptedField("user", "user-1"),
-	refusedField("n", 2, 1, 1.0),
+	// Two choices: two submits, the second (the last submitted: the
+	// siblings wait for child 0's first token) with seed + 1.
+	{field: "n", use: "honoured", value: 2, submits: 2,
+		check: both(movesSampling(func(s *request.Sampling) { s.Seed++ }), func(t *testing.T, _, _ request.Params, r response) {
+			var body struct {
+				Choices []struct {
+					Index int `json:"index"`
+				} `json:"choices"`
+			}
+			if err := json.Unmarshal(r.body, &body); err != nil || len(body.Choices) != 2 || body.Choices[0].Index != 0 || body.Choices[1].Index != 1 {
+				t.Errorf("want choices 0 and 1: %s (%v)", r.body, err)
+			}
+		})},
 	refusedField("top_logprobs", 2),
 	{field: "guided_json", use: "honoured", value: map[string]any{"type": "object", "properties": map[string]any{"a": map[string]any{"type": "integer"}}},
 		check: constrains(grammar.JSONSchema, `{"properties":{"a":{"type":"integer"}},"type":"object"}`)},
@@ -321,15 +335,19 @@ func TestRequestSchema(t *testing.T) {
 			}
 
 			h := newHarness(t, nil)
-			post := func(t *testing.T, body map[string]any) (response, request.Params) {
+			post := func(t *testing.T, body map[string]any, submits ...int) (response, request.Params) {
 				t.Helper()
 				before := h.fake.Submits()
 				r := h.post(ep.path, keyAlpha, body)
 				if r.status != 200 {
 					return r, request.Params{}
 				}
-				if h.fake.Submits() != before+1 {
-					t.Fatalf("answered 200 without one submit")
+				want := 1
+				if len(submits) > 0 && submits[0] > 0 {
+					want = submits[0]
+				}
+				if h.fake.Submits() != before+want {
+					t.Fatalf("answered 200 with %d submits, want %d", h.fake.Submits()-before, want)
 				}
 				return r, h.fake.LastParams()
 			}
@@ -350,7 +368,7 @@ func TestRequestSchema(t *testing.T) {
 					maps.Copy(body, c.extra)
 					body[c.field] = c.value
 					before := h.fake.Submits()
-					r, p := post(t, body)
+					r, p := post(t, body, c.submits)
 					switch c.use {
 					case "honoured":
 						if r.status != 200 {

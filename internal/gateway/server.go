@@ -358,6 +358,14 @@ type call struct {
 	err                                          error // internal cause, logged
 	promptText, outputText                       string
 	sent                                         []int // token ids sent, for the replay audit
+
+	// One choice of an n > 1 answer (generateN): the shared writer
+	// state, the choice's index, a hook for its first token, and the
+	// choice's body object once it ended.
+	fan       *fanout
+	index     int
+	onFirst   func()
+	choiceOut any
 }
 
 // handle wraps a handler: draining check, authentication, the single
