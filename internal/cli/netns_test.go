@@ -19,8 +19,6 @@ import (
 
 	"github.com/pagewarden/pagewarden/internal/cluster/etcdtest"
 	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
-	"github.com/pagewarden/pagewarden/internal/link"
-	"github.com/pagewarden/pagewarden/internal/transfer"
 )
 
 // The multi-host test runs every role on a host of its own: a Linux
@@ -31,8 +29,13 @@ import (
 // (iproute2); where either is missing it is skipped, saying why.
 
 // netnsEtcdEnv makes the test binary, run as TestNetnsEtcdServer in the
-// etcd namespace, serve etcd on the address it holds.
-const netnsEtcdEnv = "PAGEWARDEN_NETNS_ETCD"
+// etcd namespace, serve etcd on the address it holds, over mutual TLS with
+// the certificates of `pagewarden certs --etcd` in netnsEtcdTLSEnv's
+// directory.
+const (
+	netnsEtcdEnv    = "PAGEWARDEN_NETNS_ETCD"
+	netnsEtcdTLSEnv = "PAGEWARDEN_NETNS_ETCD_TLS"
+)
 
 // TestNetnsEtcdServer is the etcd host of TestMultiHostNetns: the test
 // binary started in the etcd namespace. Run directly, it does nothing.
@@ -43,7 +46,9 @@ func TestNetnsEtcdServer(t *testing.T) {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	srv := etcdtest.Start(t, etcdtest.Options{Host: host})
+	dir := os.Getenv(netnsEtcdTLSEnv)
+	srv := etcdtest.Start(t, etcdtest.Options{Host: host, TLS: &etcdtest.TLS{
+		Cert: filepath.Join(dir, "etcd.pem"), Key: filepath.Join(dir, "etcd-key.pem"), ClientCA: filepath.Join(dir, "ca.pem")}})
 	fmt.Printf("etcd serving on %s\n", srv.Endpoint)
 	<-ctx.Done()
 }
@@ -153,7 +158,8 @@ func startIn(t *testing.T, ns, name string, env []string, args ...string) *proc 
 
 // TestMultiHostNetns: etcd, a gateway, two prefill and two decode nodes,
 // each on a host (network namespace) of its own with its own address,
-// over mutual TLS, finding each other through etcd. Three tenants send a
+// over mutual TLS, finding each other through etcd (mutual TLS too, with
+// the certificates `pagewarden certs --etcd` makes). Three tenants send a
 // workload whose prompts carry per-tenant canaries; in the middle of it
 // one decode node's link is cut (ip link set down: it vanishes without a
 // word, and loses etcd too) and one prefill node is killed (SIGKILL).
@@ -167,9 +173,6 @@ func TestMultiHostNetns(t *testing.T) {
 	}
 	n := newNetns(t)
 	dir := t.TempDir()
-	writeCerts(t, dir, link.Identity{Name: "gw", Role: transfer.RoleGateway},
-		link.Identity{Name: "p0", Role: transfer.RolePrefill}, link.Identity{Name: "p1", Role: transfer.RolePrefill},
-		link.Identity{Name: "d0", Role: transfer.RoleDecode}, link.Identity{Name: "d1", Role: transfer.RoleDecode})
 
 	// Tenants, each with a key and a secret its prompts carry.
 	const nTenants = 3
@@ -195,13 +198,20 @@ func TestMultiHostNetns(t *testing.T) {
 		nodeHosts[name] = [2]string{ns, addr}
 	}
 
-	etcd := startIn(t, etcdNS, "etcd", []string{netnsEtcdEnv + "=" + etcdAddr}, "-test.run=^TestNetnsEtcdServer$", "-test.v")
-	endpoint := etcd.await(t, `etcd serving on (http://\S+)`)
+	// The certificates as an operator makes them: one CA for the links and
+	// etcd; etcd's own for its address; each node's is also its etcd
+	// client certificate.
+	if r := pw(t, "certs", "--out", dir, "--etcd", etcdAddr, "--node", "gw:gateway", "--node", "p0:prefill", "--node", "p1:prefill",
+		"--node", "d0:decode", "--node", "d1:decode"); r.code != 0 {
+		t.Fatalf("certs: %d %s", r.code, r.stderr)
+	}
+	etcd := startIn(t, etcdNS, "etcd", []string{netnsEtcdEnv + "=" + etcdAddr, netnsEtcdTLSEnv + "=" + dir}, "-test.run=^TestNetnsEtcdServer$", "-test.v")
+	endpoint := etcd.await(t, `etcd serving on (https://\S+)`)
 	common := []string{"--model", "builtin:tiny", "--threads", "1", "--kv-memory", "16MiB", "--tls-ca", filepath.Join(dir, "ca.pem"),
-		"--etcd", endpoint, "--etcd-prefix", "/netns", "--etcd-lease-ttl", "3s"}
+		"--etcd", endpoint, "--etcd-prefix", "/netns", "--etcd-lease-ttl", "3s", "--etcd-ca", filepath.Join(dir, "ca.pem")}
 	roleArgs := func(role, name string) []string {
-		return append(append([]string{role}, common...), "--name", name,
-			"--tls-cert", filepath.Join(dir, name+".pem"), "--tls-key", filepath.Join(dir, name+"-key.pem"))
+		cert, key := filepath.Join(dir, name+".pem"), filepath.Join(dir, name+"-key.pem")
+		return append(append([]string{role}, common...), "--name", name, "--tls-cert", cert, "--tls-key", key, "--etcd-cert", cert, "--etcd-key", key)
 	}
 	procs := map[string]*proc{}
 	for _, name := range []string{"d0", "d1", "p0", "p1"} {
