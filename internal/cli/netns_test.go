@@ -208,7 +208,7 @@ func TestMultiHostNetns(t *testing.T) {
 	etcd := startIn(t, etcdNS, "etcd", []string{netnsEtcdEnv + "=" + etcdAddr, netnsEtcdTLSEnv + "=" + dir}, "-test.run=^TestNetnsEtcdServer$", "-test.v")
 	endpoint := etcd.await(t, `etcd serving on (https://\S+)`)
 	common := []string{"--model", "builtin:tiny", "--threads", "1", "--kv-memory", "16MiB", "--tls-ca", filepath.Join(dir, "ca.pem"),
-		"--etcd", endpoint, "--etcd-prefix", "/netns", "--etcd-lease-ttl", "3s", "--etcd-ca", filepath.Join(dir, "ca.pem")}
+		"--etcd", endpoint, "--etcd-prefix", "/netns", "--etcd-lease-ttl", "5s", "--etcd-ca", filepath.Join(dir, "ca.pem")}
 	roleArgs := func(role, name string) []string {
 		cert, key := filepath.Join(dir, name+".pem"), filepath.Join(dir, name+"-key.pem")
 		return append(append([]string{role}, common...), "--name", name, "--tls-cert", cert, "--tls-key", key, "--etcd-cert", cert, "--etcd-key", key)
