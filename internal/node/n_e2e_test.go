@@ -8,6 +8,9 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -361,4 +364,65 @@ func TestE2ENTenants(t *testing.T) {
 	}
 	s.waitAllFree()
 	s.checkMustBeZero()
+}
+
+// TestOpenAINodeClientChoices runs the official openai npm client
+// (internal/gateway/testdata/openai-client/choices.mjs) against the real
+// node: n = 4 for chat and completions, streamed and not, each choice the
+// single answer with seed + i, usage summed, and n = 129 a typed
+// BadRequestError naming n. Like TestOpenAINodeClientRealNode it runs when
+// PAGEWARDEN_NODE_TESTS=1 and `npm install` has been run there (test.sh
+// does both).
+func TestOpenAINodeClientChoices(t *testing.T) {
+	if os.Getenv("PAGEWARDEN_NODE_TESTS") != "1" {
+		t.Skip("set PAGEWARDEN_NODE_TESTS=1 (and npm install in internal/gateway/testdata/openai-client) to run")
+	}
+	dir := filepath.Join("..", "gateway", "testdata", "openai-client")
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "openai")); err != nil {
+		t.Skip("run `npm install` in internal/gateway/testdata/openai-client first")
+	}
+	nodeBin, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("node not installed")
+	}
+	s := startE2E(t, e2eConfig{node: node.Options{PrefixCache: true}})
+	cmd := exec.Command(nodeBin, "choices.mjs")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "PW_BASE_URL="+s.url+"/v1", "PW_API_KEY="+e2eKeyA, "PW_MODEL="+s.node.ModelID())
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("node client: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	var res struct {
+		OK      bool `json:"ok"`
+		Results struct {
+			Chat, Completions struct {
+				Texts    []string
+				Usage    usageBody
+				Distinct int
+			}
+			Refused struct {
+				Status int
+				Param  string
+			}
+		} `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil || !res.OK {
+		t.Fatalf("output %s: %v", out, err)
+	}
+	r := res.Results
+	for name, ep := range map[string]struct {
+		Texts    []string
+		Usage    usageBody
+		Distinct int
+	}{"chat": r.Chat, "completions": r.Completions} {
+		if len(ep.Texts) != 4 || ep.Usage.CompletionTokens == 0 || ep.Distinct < 2 {
+			t.Errorf("%s: %+v; want 4 choices, not all the same", name, ep)
+		}
+	}
+	if r.Refused.Status != 400 || r.Refused.Param != "n" {
+		t.Errorf("n = 129: %+v", r.Refused)
+	}
+	s.waitAllFree()
 }
