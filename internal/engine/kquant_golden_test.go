@@ -50,7 +50,11 @@ import (
 // (Q3_K_M, IQ4_XS) for most matrices and to Q8_0 for the Q6_K ones; only
 // ffn_down (1536 columns) keeps K-quants. The small kq-small shape (192,
 // 512) mixes the same way; kq-256 (256, 768) has no fall-backs, so its
-// Q2_K file is Q2_K and Q3_K throughout.
+// Q2_K file is Q2_K and Q3_K throughout. The 1.1B shape (2048, 5632: no
+// fall-backs, so Q4_K/Q6_K and Q5_K/Q6_K) was compared the same way by
+// hand when this was written, on llama-quantize's own files (worst top-5
+// difference 0.026 for Q4_K_M, 0.033 for Q5_K_M, over the code sequence);
+// rebuilding 1.1B parameters is too slow for a test.
 type kquantGolden struct {
 	Files []struct {
 		Ftype        string              `json:"ftype"`
