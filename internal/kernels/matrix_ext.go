@@ -177,7 +177,8 @@ func (m *Matrix) rowExt(r int, dst []float32) {
 	}
 }
 
-// mulExt is MatMul for the Q4_1/Q5_1 and plain-Go types.
+// mulExt is MatMul for the paths that finish in Go: Q4_1/Q5_1, Q5_K/Q2_K
+// and IQ4_XS.
 func (m *Matrix) mulExt(p *Pool, dst []float32, x []float32, n int) {
 	switch {
 	case m.xls != nil:
