@@ -59,9 +59,9 @@
 //     interleaved 16 at a time so a group's product reads one sequential
 //     stream. Q8_0, Q4_0 and Q4_K keep their size (within 3%); Q6_K grows by
 //     30% (its 6-bit values are stored as bytes). The types run on another
-//     type's kernels grow to that type's size: Q5_0 and Q5_1 by about 60%,
-//     Q4_1, IQ4_NL and Q5_K by 65-90%, IQ4_XS by 130%, Q3_K by 150% and
-//     Q2_K by 250% (the price of exact products without new assembly).
+//     type's kernels grow to that type's size: Q5_0, Q5_1 and Q5_K by about
+//     60%, Q4_1 and IQ4_NL by 90%, IQ4_XS by 130%, Q3_K by 150% and Q2_K by
+//     250% (the price of exact products without new assembly).
 //     F32, F16 and BF16 alias the caller's memory. Row still returns each
 //     row exactly as GGML would dequantise it.
 //   - Kernels never write outside the destination range they are given.
