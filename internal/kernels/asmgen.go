@@ -1031,13 +1031,15 @@ func f32AVX2Kernel(a int) {
 // f32AVX2Rows1 emits the AVX2 matrix-vector kernel for one activation row,
 // with exactly the arithmetic f32AVX2Kernel gives one output.
 func f32AVX2Rows1() {
+	const R = 4
 	p("// func gemmF32AVX2Rows1(w *float32, ws int, x *float32, cols, kc, nrows int, dst *float32)")
 	p("//")
-	p("// dst[r] = w_r . x for nrows (even) rows ws bytes apart, two rows at a")
-	p("// time (two weight streams, prefetched, and two independent FMA chains),")
-	p("// with the arithmetic of the AVX2 4 x a tiles for one output: per column")
-	p("// chunk of kc, lane j sums columns j mod 8 in order (masked tail), the")
-	p("// lanes are folded as their VHADDPS tree folds them, ((0+1)+(2+3)) +")
+	p("// dst[r] = w_r . x for nrows (a multiple of %d) rows ws bytes apart, %d rows", R, R)
+	p("// at a time (%d weight streams, prefetched, and %d independent FMA chains:", R, R)
+	p("// one chain alone is latency-bound below DRAM speed), with the")
+	p("// arithmetic of the AVX2 4 x a tiles for one output: per column chunk")
+	p("// of kc, lane j sums columns j mod 8 in order (masked tail), the lanes")
+	p("// are folded as their VHADDPS tree folds them, ((0+1)+(2+3)) +")
 	p("// ((4+5)+(6+7)), and the chunk sums are added in order to a total that")
 	p("// starts at +0.")
 	p("TEXT ·gemmF32AVX2Rows1(SB), NOSPLIT, $0-56")
@@ -1049,33 +1051,38 @@ func f32AVX2Rows1() {
 	p("\tMOVQ nrows+40(FP), BX")
 	p("\tMOVQ dst+48(FP), R11")
 	p("\tLEAQ gemmtailmask<>(SB), R15")
-	p("\tSHRQ $1, BX")
+	p("\tLEAQ (R8)(R8*2), R14 // 3 rows")
+	p("\tSHRQ $2, BX")
 	p("\tTESTQ BX, BX")
 	p("\tJZ avx2rows1_done")
 	p("avx2rows1_row:")
 	p("\tMOVQ SI, AX")
-	p("\tLEAQ (SI)(R8*1), R14")
 	p("\tMOVQ R9, DI")
 	p("\tMOVQ R10, DX")
-	p("\tVXORPS X3, X3, X3")
-	p("\tVXORPS X7, X7, X7")
+	for r := 0; r < R; r++ {
+		p("\tVXORPS X%d, X%d, X%d", 8+r, 8+r, 8+r)
+	}
 	p("avx2rows1_chunk:")
 	p("\tMOVQ R12, CX")
 	p("\tCMPQ DX, CX")
 	p("\tCMOVQLT DX, CX")
 	p("\tSUBQ CX, DX")
-	p("\tVXORPS Y0, Y0, Y0")
-	p("\tVXORPS Y5, Y5, Y5")
+	for r := 0; r < R; r++ {
+		p("\tVXORPS Y%d, Y%d, Y%d", r, r, r)
+	}
+	waddr := []string{"(AX)", "(AX)(R8*1)", "(AX)(R8*2)", "(AX)(R14*1)"}
+	pf := []string{"512(AX)", "512(AX)(R8*1)", "512(AX)(R8*2)", "512(AX)(R14*1)"}
 	p("avx2rows1_loop:")
 	p("\tCMPQ CX, $8")
 	p("\tJL avx2rows1_tail")
-	p("\tPREFETCHT0 1024(AX)")
-	p("\tPREFETCHT0 1024(R14)")
-	p("\tVMOVUPS (DI), Y2")
-	p("\tVFMADD231PS (AX), Y2, Y0")
-	p("\tVFMADD231PS (R14), Y2, Y5")
+	for r := 0; r < R; r++ {
+		p("\tPREFETCHT0 %s", pf[r])
+	}
+	p("\tVMOVUPS (DI), Y6")
+	for r := 0; r < R; r++ {
+		p("\tVFMADD231PS %s, Y6, Y%d", waddr[r], r)
+	}
 	p("\tADDQ $32, AX")
-	p("\tADDQ $32, R14")
 	p("\tADDQ $32, DI")
 	p("\tSUBQ $8, CX")
 	p("\tJMP avx2rows1_loop")
@@ -1085,29 +1092,29 @@ func f32AVX2Rows1() {
 	p("\tMOVQ CX, R13")
 	p("\tNEGQ R13")
 	p("\tVMOVDQU 32(R15)(R13*4), Y4")
-	p("\tVMASKMOVPS (DI), Y4, Y2")
-	p("\tVMASKMOVPS (AX), Y4, Y1")
-	p("\tVFMADD231PS Y2, Y1, Y0")
-	p("\tVMASKMOVPS (R14), Y4, Y1")
-	p("\tVFMADD231PS Y2, Y1, Y5")
+	p("\tVMASKMOVPS (DI), Y4, Y6")
+	for r := 0; r < R; r++ {
+		p("\tVMASKMOVPS %s, Y4, Y5", waddr[r])
+		p("\tVFMADD231PS Y6, Y5, Y%d", r)
+	}
 	p("\tSHLQ $2, CX")
 	p("\tADDQ CX, AX")
-	p("\tADDQ CX, R14")
 	p("\tADDQ CX, DI")
 	p("avx2rows1_reduce:")
-	for _, r := range [][2]int{{0, 3}, {5, 7}} {
-		p("\tVHADDPS Y%d, Y%d, Y%d", r[0], r[0], r[0])
-		p("\tVHADDPS Y%d, Y%d, Y%d", r[0], r[0], r[0])
-		p("\tVEXTRACTF128 $1, Y%d, X1", r[0])
-		p("\tVADDSS X1, X%d, X%d", r[0], r[0])
-		p("\tVADDSS X%d, X%d, X%d", r[1], r[0], r[1])
+	for r := 0; r < R; r++ {
+		p("\tVHADDPS Y%d, Y%d, Y%d", r, r, r)
+		p("\tVHADDPS Y%d, Y%d, Y%d", r, r, r)
+		p("\tVEXTRACTF128 $1, Y%d, X5", r)
+		p("\tVADDSS X5, X%d, X%d", r, r)
+		p("\tVADDSS X%d, X%d, X%d", 8+r, r, 8+r)
 	}
 	p("\tTESTQ DX, DX")
 	p("\tJNZ avx2rows1_chunk")
-	p("\tVMOVSS X3, (R11)")
-	p("\tVMOVSS X7, 4(R11)")
-	p("\tLEAQ (SI)(R8*2), SI")
-	p("\tADDQ $8, R11")
+	for r := 0; r < R; r++ {
+		p("\tVMOVSS X%d, %d(R11)", 8+r, 4*r)
+	}
+	p("\tLEAQ (SI)(R8*4), SI")
+	p("\tADDQ $16, R11")
 	p("\tDECQ BX")
 	p("\tJNZ avx2rows1_row")
 	p("avx2rows1_done:")

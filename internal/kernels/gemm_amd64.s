@@ -7100,11 +7100,12 @@ gemmF32AVX2x4x3_reduce:
 
 // func gemmF32AVX2Rows1(w *float32, ws int, x *float32, cols, kc, nrows int, dst *float32)
 //
-// dst[r] = w_r . x for nrows (even) rows ws bytes apart, two rows at a
-// time (two weight streams, prefetched, and two independent FMA chains),
-// with the arithmetic of the AVX2 4 x a tiles for one output: per column
-// chunk of kc, lane j sums columns j mod 8 in order (masked tail), the
-// lanes are folded as their VHADDPS tree folds them, ((0+1)+(2+3)) +
+// dst[r] = w_r . x for nrows (a multiple of 4) rows ws bytes apart, 4 rows
+// at a time (4 weight streams, prefetched, and 4 independent FMA chains:
+// one chain alone is latency-bound below DRAM speed), with the
+// arithmetic of the AVX2 4 x a tiles for one output: per column chunk
+// of kc, lane j sums columns j mod 8 in order (masked tail), the lanes
+// are folded as their VHADDPS tree folds them, ((0+1)+(2+3)) +
 // ((4+5)+(6+7)), and the chunk sums are added in order to a total that
 // starts at +0.
 TEXT ·gemmF32AVX2Rows1(SB), NOSPLIT, $0-56
@@ -7116,33 +7117,40 @@ TEXT ·gemmF32AVX2Rows1(SB), NOSPLIT, $0-56
 	MOVQ nrows+40(FP), BX
 	MOVQ dst+48(FP), R11
 	LEAQ gemmtailmask<>(SB), R15
-	SHRQ $1, BX
+	LEAQ (R8)(R8*2), R14 // 3 rows
+	SHRQ $2, BX
 	TESTQ BX, BX
 	JZ avx2rows1_done
 avx2rows1_row:
 	MOVQ SI, AX
-	LEAQ (SI)(R8*1), R14
 	MOVQ R9, DI
 	MOVQ R10, DX
-	VXORPS X3, X3, X3
-	VXORPS X7, X7, X7
+	VXORPS X8, X8, X8
+	VXORPS X9, X9, X9
+	VXORPS X10, X10, X10
+	VXORPS X11, X11, X11
 avx2rows1_chunk:
 	MOVQ R12, CX
 	CMPQ DX, CX
 	CMOVQLT DX, CX
 	SUBQ CX, DX
 	VXORPS Y0, Y0, Y0
-	VXORPS Y5, Y5, Y5
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
 avx2rows1_loop:
 	CMPQ CX, $8
 	JL avx2rows1_tail
-	PREFETCHT0 1024(AX)
-	PREFETCHT0 1024(R14)
-	VMOVUPS (DI), Y2
-	VFMADD231PS (AX), Y2, Y0
-	VFMADD231PS (R14), Y2, Y5
+	PREFETCHT0 512(AX)
+	PREFETCHT0 512(AX)(R8*1)
+	PREFETCHT0 512(AX)(R8*2)
+	PREFETCHT0 512(AX)(R14*1)
+	VMOVUPS (DI), Y6
+	VFMADD231PS (AX), Y6, Y0
+	VFMADD231PS (AX)(R8*1), Y6, Y1
+	VFMADD231PS (AX)(R8*2), Y6, Y2
+	VFMADD231PS (AX)(R14*1), Y6, Y3
 	ADDQ $32, AX
-	ADDQ $32, R14
 	ADDQ $32, DI
 	SUBQ $8, CX
 	JMP avx2rows1_loop
@@ -7152,32 +7160,47 @@ avx2rows1_tail:
 	MOVQ CX, R13
 	NEGQ R13
 	VMOVDQU 32(R15)(R13*4), Y4
-	VMASKMOVPS (DI), Y4, Y2
-	VMASKMOVPS (AX), Y4, Y1
-	VFMADD231PS Y2, Y1, Y0
-	VMASKMOVPS (R14), Y4, Y1
-	VFMADD231PS Y2, Y1, Y5
+	VMASKMOVPS (DI), Y4, Y6
+	VMASKMOVPS (AX), Y4, Y5
+	VFMADD231PS Y6, Y5, Y0
+	VMASKMOVPS (AX)(R8*1), Y4, Y5
+	VFMADD231PS Y6, Y5, Y1
+	VMASKMOVPS (AX)(R8*2), Y4, Y5
+	VFMADD231PS Y6, Y5, Y2
+	VMASKMOVPS (AX)(R14*1), Y4, Y5
+	VFMADD231PS Y6, Y5, Y3
 	SHLQ $2, CX
 	ADDQ CX, AX
-	ADDQ CX, R14
 	ADDQ CX, DI
 avx2rows1_reduce:
 	VHADDPS Y0, Y0, Y0
 	VHADDPS Y0, Y0, Y0
-	VEXTRACTF128 $1, Y0, X1
-	VADDSS X1, X0, X0
-	VADDSS X3, X0, X3
-	VHADDPS Y5, Y5, Y5
-	VHADDPS Y5, Y5, Y5
-	VEXTRACTF128 $1, Y5, X1
-	VADDSS X1, X5, X5
-	VADDSS X7, X5, X7
+	VEXTRACTF128 $1, Y0, X5
+	VADDSS X5, X0, X0
+	VADDSS X8, X0, X8
+	VHADDPS Y1, Y1, Y1
+	VHADDPS Y1, Y1, Y1
+	VEXTRACTF128 $1, Y1, X5
+	VADDSS X5, X1, X1
+	VADDSS X9, X1, X9
+	VHADDPS Y2, Y2, Y2
+	VHADDPS Y2, Y2, Y2
+	VEXTRACTF128 $1, Y2, X5
+	VADDSS X5, X2, X2
+	VADDSS X10, X2, X10
+	VHADDPS Y3, Y3, Y3
+	VHADDPS Y3, Y3, Y3
+	VEXTRACTF128 $1, Y3, X5
+	VADDSS X5, X3, X3
+	VADDSS X11, X3, X11
 	TESTQ DX, DX
 	JNZ avx2rows1_chunk
-	VMOVSS X3, (R11)
-	VMOVSS X7, 4(R11)
-	LEAQ (SI)(R8*2), SI
-	ADDQ $8, R11
+	VMOVSS X8, 0(R11)
+	VMOVSS X9, 4(R11)
+	VMOVSS X10, 8(R11)
+	VMOVSS X11, 12(R11)
+	LEAQ (SI)(R8*4), SI
+	ADDQ $16, R11
 	DECQ BX
 	JNZ avx2rows1_row
 avx2rows1_done:
