@@ -134,7 +134,8 @@ type completionRequest struct {
 type genParams struct {
 	model        string
 	maxTokens    int    // 0: fill the window; else in [1, maxMaxTokens]
-	n            int    // choices, in [1, maxN]
+	n            int    // choices per prompt, in [1, maxN]
+	echo         bool   // completions: the prompt before each choice's text
 	maxParam     string // the field maxTokens came from
 	sampling     request.Sampling
 	stop         []string
@@ -592,52 +593,79 @@ func parseContent(raw json.RawMessage, param string, nullOK bool) (string, *apiE
 }
 
 // parseCompletion decodes and validates a completions request.
-func parseCompletion(body []byte) (genParams, promptInput, *apiError) {
+func parseCompletion(body []byte) (genParams, []promptInput, *apiError) {
 	var req completionRequest
 	if e := decodeJSON(body, &req); e != nil {
-		return genParams{}, promptInput{}, e
+		return genParams{}, nil, e
 	}
 	if e := completionRefusals.check(&req); e != nil {
-		return genParams{}, promptInput{}, e
+		return genParams{}, nil, e
 	}
 	g, e := req.validate()
 	if e != nil {
-		return g, promptInput{}, e
+		return g, nil, e
 	}
-	p, e := parsePrompt(req.Prompt)
-	return g, p, e
+	if !isNull(req.Echo) {
+		if err := json.Unmarshal(req.Echo, &g.echo); err != nil {
+			e := badRequest("echo", "Invalid type for 'echo': expected a boolean.")
+			e.Code, e.Err = "invalid_type", err
+			return g, nil, e
+		}
+	}
+	ps, e := parsePrompt(req.Prompt)
+	if e == nil && len(ps)*g.n > maxN {
+		// Every choice of every prompt is a sequence: the same bound.
+		e = badRequest("prompt", "%d prompts × 'n' = %d make %d choices; at most %d are allowed per request.", len(ps), g.n, len(ps)*g.n, maxN)
+	}
+	return g, ps, e
 }
 
-// parsePrompt accepts a string, [string], [int...] or [[int...]]: one
-// prompt, as text or token ids. Several prompts need n>1-style batching,
-// which is not supported.
-func parsePrompt(raw json.RawMessage) (promptInput, *apiError) {
+// parsePrompt accepts a string, [int...] (one prompt), or a non-empty
+// array of strings or of token-id arrays (a batch: one prompt each).
+func parsePrompt(raw json.RawMessage) ([]promptInput, *apiError) {
 	if isNull(raw) {
-		return promptInput{}, badRequest("prompt", "'prompt' is required.")
+		return nil, badRequest("prompt", "'prompt' is required.")
 	}
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
-		return promptInput{text: s}, nil
+		return []promptInput{{text: s}}, nil
 	}
 	var ids []int
 	if json.Unmarshal(raw, &ids) == nil {
-		return checkIDs(ids)
+		p, e := checkIDs(ids)
+		return []promptInput{p}, e
 	}
 	var ss []string
 	if json.Unmarshal(raw, &ss) == nil {
-		if len(ss) != 1 {
-			return promptInput{}, unsupported("prompt", "More than one prompt per request")
+		if len(ss) == 0 || len(ss) > maxN {
+			return nil, badRequest("prompt", "'prompt' as a list must hold 1 to %d prompts, got %d.", maxN, len(ss))
 		}
-		return promptInput{text: ss[0]}, nil
+		out := make([]promptInput, len(ss))
+		for i, t := range ss {
+			out[i] = promptInput{text: t}
+		}
+		return out, nil
 	}
 	var idss [][]int
 	if json.Unmarshal(raw, &idss) == nil {
-		if len(idss) != 1 {
-			return promptInput{}, unsupported("prompt", "More than one prompt per request")
+		if len(idss) == 0 || len(idss) > maxN {
+			return nil, badRequest("prompt", "'prompt' as a list must hold 1 to %d prompts, got %d.", maxN, len(idss))
 		}
-		return checkIDs(idss[0])
+		out := make([]promptInput, len(idss))
+		total := 0
+		for i, ids := range idss {
+			if total += len(ids); total > maxPromptIDs {
+				return nil, badRequest("prompt", "'prompt' has too many tokens.")
+			}
+			p, e := checkIDs(ids)
+			if e != nil {
+				return nil, e
+			}
+			out[i] = p
+		}
+		return out, nil
 	}
-	return promptInput{}, badRequest("prompt", "'prompt' must be a string, an array of token ids, or a one-element array of either.")
+	return nil, badRequest("prompt", "'prompt' must be a string, an array of token ids, or an array of either.")
 }
 
 func checkIDs(ids []int) (promptInput, *apiError) {

@@ -45,37 +45,66 @@ type fanout struct {
 	started bool // the response's header was written
 }
 
-// chargeN is charge for n sequences. It returns the max_tokens each runs
-// with and the pages one of them may hold.
-func (s *Server) chargeN(prompt int, promptParam string, g *genParams, budget int) (maxTokens, pages int, e *apiError) {
+// chargeN is charge for every choice of every prompt: each sequence's
+// max_tokens (one for all, as the request names one), the pages of each
+// prompt's sequences, and the tokens to charge. A batch that can never fit
+// the tenant's page budget is refused with a 400 naming n (or prompt, for
+// a batch of single choices).
+func (s *Server) chargeN(prompts [][]int, promptParam string, g *genParams, budget int) (maxTokens int, pages []int, tokens, allPages int, e *apiError) {
+	seqs := len(prompts) * g.n
 	perSeq := budget
 	if budget > 0 && g.maxTokens == 0 {
-		// "As much as fits" is shared among the n sequences.
-		if perSeq = budget / g.n; perSeq == 0 {
-			return 0, 0, nKVError(g.n, 1, budget)
+		// "As much as fits" is shared among the sequences.
+		if perSeq = budget / seqs; perSeq == 0 {
+			return 0, nil, 0, 0, s.nKVError(len(prompts), g.n, seqs, budget)
 		}
 	}
-	if maxTokens, pages, e = s.charge(prompt, promptParam, g, perSeq); e != nil {
+	// The longest prompt decides an omitted max_tokens, so that every
+	// prompt's sequences fit the window.
+	longest := 0
+	for i, p := range prompts {
+		if len(p) > len(prompts[longest]) {
+			longest = i
+		}
+	}
+	if maxTokens, _, e = s.charge(len(prompts[longest]), promptParam, g, perSeq); e != nil {
 		if perSeq != budget && e.Code == "kv_page_limit_exceeded" {
-			return 0, 0, nKVError(g.n, pages, budget)
+			return 0, nil, 0, 0, s.nKVError(len(prompts), g.n, seqs, budget)
 		}
-		return 0, 0, e
+		return 0, nil, 0, 0, e
 	}
-	// pages is at most the window's pages and n at most maxN: no overflow.
-	if budget > 0 && g.n*pages > budget {
-		return 0, 0, nKVError(g.n, pages, budget)
+	pinned := *g
+	pinned.maxTokens = maxTokens
+	pages = make([]int, len(prompts))
+	for i, p := range prompts {
+		// Every prompt checked as its own request (length, one
+		// sequence's pages); the sums stay far from overflow: at most
+		// maxN sequences of at most a window each.
+		if _, pages[i], e = s.charge(len(p), promptParam, &pinned, budget); e != nil {
+			return 0, nil, 0, 0, e
+		}
+		tokens += len(p) + g.n*maxTokens
+		allPages += g.n * pages[i]
 	}
-	return maxTokens, pages, nil
+	if budget > 0 && allPages > budget {
+		return 0, nil, 0, 0, s.nKVError(len(prompts), g.n, allPages, budget)
+	}
+	return maxTokens, pages, tokens, allPages, nil
 }
 
-func nKVError(n, pages, budget int) *apiError {
-	return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "kv_page_limit_exceeded", Param: "n",
-		Message: fmt.Sprintf("'n' = %d choices need up to %d KV pages each (%d in all) but your tenant may hold at most %d; lower n or max_tokens.",
-			n, pages, n*pages, budget)}
+func (s *Server) nKVError(prompts, n, pages, budget int) *apiError {
+	param := "n"
+	if n == 1 {
+		param = "prompt"
+	}
+	return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "kv_page_limit_exceeded", Param: param,
+		Message: fmt.Sprintf("%d prompt(s) × 'n' = %d choices need up to %d KV pages in all (%d tokens per page) but your tenant may hold at most %d; lower n or max_tokens, or send fewer prompts.",
+			prompts, n, pages, s.limits.PageSize, budget)}
 }
 
-// generateN is generate for n > 1 choices.
-func (c *call) generateN(prompt []int, promptParam string, g genParams, newResp func(index int) responder) *apiError {
+// generateN is generate for several choices: n per prompt, choice
+// k*n + i being prompt k's i-th.
+func (c *call) generateN(prompts [][]int, promptParam string, g genParams, newResp func(index int) responder) *apiError {
 	s := c.s
 	if e := s.checkTokenIDs(&g); e != nil {
 		return e
@@ -83,16 +112,18 @@ func (c *call) generateN(prompt []int, promptParam string, g genParams, newResp 
 	if e := s.checkConstraint(&g); e != nil {
 		return e
 	}
-	maxTokens, pages, e := s.chargeN(len(prompt), promptParam, &g, c.tenant.Limits.MaxKVPages)
+	maxTokens, _, tokens, allPages, e := s.chargeN(prompts, promptParam, &g, c.tenant.Limits.MaxKVPages)
 	if e != nil {
 		return e
 	}
-	c.promptTokens = len(prompt)
-	grant, e := c.acquire(len(prompt)+g.n*maxTokens, g.n*pages)
+	for _, p := range prompts {
+		c.promptTokens += len(p)
+	}
+	grant, e := c.acquire(tokens, allPages)
 	if e != nil {
 		return e
 	}
-	used := len(prompt)
+	used := c.promptTokens
 	defer func() { grant.Release(s.now(), used) }()
 
 	// One HTTP request, however many choices: MaxInFlight bounds the
@@ -104,9 +135,9 @@ func (c *call) generateN(prompt []int, promptParam string, g genParams, newResp 
 	defer s.inflight.Add(-1)
 
 	c.id = request.NewID()
-	// The request's seed; choice i draws with seed + i.
+	// The request's seed; choice i of each prompt draws with seed + i.
 	c.w.Header().Set("X-Seed", strconv.FormatInt(int64(g.sampling.Seed), 10))
-	s.m.promptTokens.WithLabelValues(c.tenant.ID).Add(float64(len(prompt)))
+	s.m.promptTokens.WithLabelValues(c.tenant.ID).Add(float64(c.promptTokens))
 	gauge := s.m.inFlight.WithLabelValues(c.tenant.ID)
 	gauge.Inc()
 	defer gauge.Dec()
@@ -114,10 +145,11 @@ func (c *call) generateN(prompt []int, promptParam string, g genParams, newResp 
 	ctx, cancel := context.WithCancel(c.ctx)
 	defer cancel()
 	fan := &fanout{}
-	kids := make([]*call, g.n)
-	params := make([]request.Params, g.n)
-	resps := make([]responder, g.n)
-	counts := make([]int, g.n)
+	total := len(prompts) * g.n
+	kids := make([]*call, total)
+	params := make([]request.Params, total)
+	resps := make([]responder, total)
+	counts := make([]int, total)
 	var (
 		errMu    sync.Mutex
 		firstErr *apiError
@@ -131,46 +163,40 @@ func (c *call) generateN(prompt []int, promptParam string, g genParams, newResp 
 		errMu.Unlock()
 		cancel() // abort the siblings
 	}
-	first := make(chan struct{})
-	var firstOnce sync.Once
-	signal := func() { firstOnce.Do(func() { close(first) }) }
-	for i := range kids {
+	for j := range kids {
+		prompt, i := prompts[j/g.n], j%g.n
 		k := &call{}
 		*k = *c
-		k.ctx, k.fan, k.index, k.sent = ctx, fan, i, nil
+		k.ctx, k.fan, k.index, k.sent, k.promptTokens = ctx, fan, j, nil, len(prompt)
 		id := c.id
-		if i > 0 {
+		if j > 0 {
 			id = request.NewID()
 		}
 		// Every child is the caller's tenant: the owner comes from
 		// authentication, never from the request.
-		params[i] = request.Params{
+		params[j] = request.Params{
 			Owner: request.Owner{Tenant: request.Tenant(c.tenant.ID), ID: id}, Prompt: prompt, MaxTokens: maxTokens,
 			Sampling: g.sampling, StopTokens: g.stopTokens, IgnoreEOS: g.ignoreEOS,
 			CacheSalt: c.tenant.CacheNamespace + "|" + g.cacheSalt, Priority: c.tenant.Limits.Priority,
 		}
-		params[i].Sampling.Seed = g.sampling.Seed + uint64(i) // wraps, as documented
-		kids[i], resps[i] = k, newResp(i)
+		params[j].Sampling.Seed = g.sampling.Seed + uint64(i) // wraps, as documented
+		kids[j], resps[j] = k, newResp(j)
 	}
-	kids[0].onFirst = signal
 	var wg sync.WaitGroup
-	run := func(i int) {
+	run := func(j int) {
 		defer wg.Done()
-		if i == 0 {
-			defer signal() // ended without a token: release the siblings' wait
-		}
-		k := kids[i]
-		st, err := s.backend.Submit(ctx, params[i])
+		k := kids[j]
+		st, err := s.backend.Submit(ctx, params[j])
 		if err != nil {
 			if ctx.Err() != nil {
 				k.status, k.finish, k.err = statusClientClosed, "client_closed", err
 				return
 			}
-			fail(k, backendError(fmt.Errorf("submit choice %d: %w", i, err)))
+			fail(k, backendError(fmt.Errorf("submit choice %d: %w", j, err)))
 			return
 		}
-		n, e := k.relay(st, params[i].Owner, &g, resps[i])
-		counts[i] = n
+		n, e := k.relay(st, params[j].Owner, &g, resps[j])
+		counts[j] = n
 		switch {
 		case e != nil:
 			fail(k, e)
@@ -178,28 +204,51 @@ func (c *call) generateN(prompt []int, promptParam string, g genParams, newResp 
 			cancel() // the client is gone, or this choice could not be written
 		}
 	}
-	wg.Add(1)
-	go run(0)
-	<-first
-	if ctx.Err() == nil {
-		for i := 1; i < g.n; i++ {
-			wg.Add(1)
-			go run(i)
-		}
+	for p := range prompts {
+		// Each prompt's first choice computes the prompt; its siblings
+		// start once it delivered its first token (or ended), when its
+		// full prompt pages are in the prefix cache.
+		lead := p * g.n
+		first := make(chan struct{})
+		var once sync.Once
+		signal := func() { once.Do(func() { close(first) }) }
+		kids[lead].onFirst = signal
+		wg.Add(2)
+		go func() {
+			defer signal() // ended without a token: release the wait
+			run(lead)
+		}()
+		go func() {
+			defer wg.Done()
+			<-first
+			if ctx.Err() != nil {
+				return
+			}
+			for j := lead + 1; j < lead+g.n; j++ {
+				wg.Add(1)
+				go run(j)
+			}
+		}()
 	}
 	wg.Wait()
 
 	c.started = fan.started
-	total := 0
+	sum := 0
 	for _, n := range counts {
-		total += n
+		sum += n
 	}
-	used += total
-	if total > 0 {
-		s.m.completionTokens.WithLabelValues(c.tenant.ID).Add(float64(total))
+	used += sum
+	if sum > 0 {
+		s.m.completionTokens.WithLabelValues(c.tenant.ID).Add(float64(sum))
 	}
-	c.completionTokens = total
-	c.ttft, c.cachedTokens = kids[0].ttft, kids[0].cachedTokens
+	c.completionTokens = sum
+	c.ttft = kids[0].ttft
+	// What the client is spared: each prompt's first choice's cache hit
+	// (its siblings' hits are the fan-out's own sharing).
+	c.cachedTokens = 0
+	for p := range prompts {
+		c.cachedTokens += kids[p*g.n].cachedTokens
+	}
 	if firstErr != nil {
 		c.finish = failed.finish
 		return firstErr
@@ -207,9 +256,9 @@ func (c *call) generateN(prompt []int, promptParam string, g genParams, newResp 
 	c.outputText = kids[0].outputText
 	for _, k := range kids {
 		if k.finish == "" && k.status == 0 {
-			// Never submitted: child 0 ended the request's context
-			// before its siblings started (a hang-up, or the drain
-			// deadline after child 0 finished).
+			// Never submitted: a first choice ended the request's
+			// context before its siblings started (a hang-up, or the
+			// drain deadline after it finished).
 			if s.stop.Err() != nil {
 				return backendError(ErrDraining)
 			}
@@ -227,11 +276,11 @@ func (c *call) generateN(prompt []int, promptParam string, g genParams, newResp 
 		}
 	}
 	c.finish = kids[0].finish
-	choices := make([]any, g.n)
+	choices := make([]any, total)
 	for i, k := range kids {
 		choices[i] = k.choiceOut
 	}
-	u := usageJSON{PromptTokens: c.promptTokens, CompletionTokens: total, TotalTokens: c.promptTokens + total,
+	u := usageJSON{PromptTokens: c.promptTokens, CompletionTokens: sum, TotalTokens: c.promptTokens + sum,
 		PromptTokensDetails: &promptDetails{CachedTokens: c.cachedTokens}}
 	if err := resps[0].end(c, &g, choices, u); err != nil {
 		c.status, c.finish, c.err = statusClientClosed, "client_closed", err

@@ -145,10 +145,11 @@ var chatFields = concat(sharedFields,
 // completionFields are /v1/completions' known fields: every field of
 // OpenAI's (legacy) completion request, and the extensions above.
 var completionFields = concat(sharedFields,
-	honour("prompt"),
+	// A list of prompts is a batch, echo prepends each choice's prompt
+	// (both by the fan-out, fanout.go).
+	honour("prompt", "echo"),
 	[]knownField{
 		refuse("logprobs", "'logprobs'"),
-		refuse("echo", "'echo'", "false"),
 		refuse("best_of", "'best_of' other than 1", "1"),
 		refuse("suffix", "'suffix'", `""`),
 	},

@@ -40,7 +40,7 @@ func (s *Server) chatCompletions(c *call) *apiError {
 		return e
 	}
 	c.promptText = text
-	return c.generate(ids, "messages", g, func(i int) responder { return &chatResponder{index: i} })
+	return c.generate([][]int{ids}, "messages", g, func(i int) responder { return &chatResponder{index: i} })
 }
 
 func (s *Server) completions(c *call) *apiError {
@@ -48,30 +48,41 @@ func (s *Server) completions(c *call) *apiError {
 	if e != nil {
 		return e
 	}
-	g, p, e := parseCompletion(body)
+	g, ps, e := parseCompletion(body)
 	if e != nil {
 		return e
 	}
 	if e := c.checkModel(g.model); e != nil {
 		return e
 	}
-	ids := p.ids
-	if p.hasIDs {
-		// Ids out of the vocabulary are the client's mistake, not ours.
-		if _, err := s.backend.Detokenize(ids); err != nil {
-			e := badRequest("prompt", "'prompt' holds a token id that is not in the model's vocabulary.")
-			e.Err = err
-			return e
+	prompts := make([][]int, len(ps))
+	texts := make([]string, len(ps))
+	for k, p := range ps {
+		if p.hasIDs {
+			// Ids out of the vocabulary are the client's mistake, not ours.
+			text, err := s.backend.Detokenize(p.ids)
+			if err != nil {
+				e := badRequest("prompt", "'prompt' holds a token id that is not in the model's vocabulary.")
+				e.Err = err
+				return e
+			}
+			prompts[k], texts[k] = p.ids, text
+			continue
 		}
-	} else {
-		var err error
-		ids, err = s.backend.Tokenize(p.text, true, true)
+		ids, err := s.backend.Tokenize(p.text, true, true)
 		if err != nil {
 			return internalError(fmt.Errorf("tokenize prompt: %w", err))
 		}
-		c.promptText = p.text
+		prompts[k], texts[k] = ids, p.text
+		c.promptText += p.text
 	}
-	return c.generate(ids, "prompt", g, func(i int) responder { return &completionResponder{index: i} })
+	return c.generate(prompts, "prompt", g, func(i int) responder {
+		r := &completionResponder{index: i}
+		if g.echo {
+			r.echo = texts[i/g.n] // choice i answers prompt i/n
+		}
+		return r
+	})
 }
 
 // chatPrompt renders messages with the model's chat template (or the
@@ -221,12 +232,12 @@ type responder interface {
 // generate admits, submits and relays one request. Errors before the
 // first byte are returned (an HTTP error); later ones are written as an
 // SSE error event by c.fail.
-func (c *call) generate(prompt []int, promptParam string, g genParams, newResp func(index int) responder) *apiError {
+func (c *call) generate(prompts [][]int, promptParam string, g genParams, newResp func(index int) responder) *apiError {
 	s := c.s
-	if g.n > 1 {
-		return c.generateN(prompt, promptParam, g, newResp)
+	if g.n > 1 || len(prompts) > 1 {
+		return c.generateN(prompts, promptParam, g, newResp)
 	}
-	resp := newResp(0)
+	prompt, resp := prompts[0], newResp(0)
 	if e := s.checkTokenIDs(&g); e != nil {
 		return e
 	}
@@ -860,6 +871,19 @@ func (r *chatResponder) end(c *call, g *genParams, choices []any, u usageJSON) e
 type completionResponder struct {
 	index int // the choice's index
 	text  []byte
+	// echo is the prompt's text, sent before the choice's own (echo:
+	// true); echoed says it went out (streaming: as the first delta).
+	echo   string
+	echoed bool
+}
+
+// sendEcho starts a streamed choice with its echoed prompt, once.
+func (r *completionResponder) sendEcho(c *call) error {
+	if r.echoed || r.echo == "" {
+		return nil
+	}
+	r.echoed = true
+	return c.writeEvent(r.chunk(c, r.echo, nil))
 }
 
 type completionChunk struct {
@@ -891,6 +915,9 @@ func (r *completionResponder) delta(c *call, g *genParams, text string) error {
 	if !c.started {
 		c.startSSE()
 	}
+	if err := r.sendEcho(c); err != nil {
+		return err
+	}
 	return c.writeEvent(r.chunk(c, text, nil))
 }
 
@@ -905,10 +932,13 @@ func (r *completionResponder) finish(c *call, g *genParams, reason string, u usa
 func (r *completionResponder) choice(c *call, g *genParams, reason string) (any, error) {
 	c.outputText = string(r.text)
 	if !g.stream {
-		return completionChoice{Index: r.index, Text: string(r.text), FinishReason: &reason}, nil
+		return completionChoice{Index: r.index, Text: r.echo + string(r.text), FinishReason: &reason}, nil
 	}
 	if !c.started {
 		c.startSSE()
+	}
+	if err := r.sendEcho(c); err != nil {
+		return nil, err
 	}
 	return nil, c.writeEvent(r.chunk(c, "", &reason))
 }

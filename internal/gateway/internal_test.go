@@ -154,21 +154,26 @@ func FuzzChatRequest(f *testing.F) {
 func FuzzCompletionRequest(f *testing.F) {
 	for _, s := range []string{
 		`{"prompt":"once","max_tokens":16,"stop":"x"}`, `{"prompt":[1,2,3]}`, `{"prompt":[[1,2]]}`, `{"prompt":["a"]}`,
-		`{"prompt":["a","b"]}`, `{"prompt":[-1]}`, `{"prompt":"x","logprobs":1}`, `{"prompt":null}`, `7`,
+		`{"prompt":["a","b"]}`, `{"prompt":[[1],[2,3]],"n":3,"echo":true}`, `{"prompt":[-1]}`, `{"prompt":"x","logprobs":1}`, `{"prompt":null}`, `7`,
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		g, p, e := parseCompletion(body)
+		g, ps, e := parseCompletion(body)
 		if e != nil {
 			if e.Status != 400 || e.Message == "" {
 				t.Fatalf("bad error %+v", e)
 			}
 			return
 		}
-		for _, id := range p.ids {
-			if id < 0 {
-				t.Fatalf("negative id accepted")
+		if len(ps) == 0 || len(ps)*g.n > maxN || g.n < 1 {
+			t.Fatalf("%d prompts × n = %d accepted", len(ps), g.n)
+		}
+		for _, p := range ps {
+			for _, id := range p.ids {
+				if id < 0 {
+					t.Fatalf("negative id accepted")
+				}
 			}
 		}
 		if g.sampling.Temperature < 0 || g.sampling.Temperature > 2 {

@@ -291,7 +291,9 @@ var completionCases = []fieldCase{
 		}
 	}},
 	refusedField("logprobs", 0),
-	refusedField("echo", true, false),
+	// The prompt's text before the answer's, and nothing else changed.
+	{field: "echo", use: "honoured", value: true,
+		check: both(moves(func(*request.Params) {}), replies("Hi"+gatewaytest.DefaultReply, "stop"))},
 	refusedField("best_of", 2, 1),
 	refusedField("suffix", "end", ""),
 }

@@ -426,3 +426,76 @@ func TestOpenAINodeClientChoices(t *testing.T) {
 	}
 	s.waitAllFree()
 }
+
+// TestE2ENBatchAndEcho: a list of prompts is a batch, choice k*n + i
+// being prompt k's answer with seed + i, as text or as token ids, usage
+// summed over the prompts; echo puts each choice's prompt before its text
+// (streamed: as the choice's first delta).
+func TestE2ENBatchAndEcho(t *testing.T) {
+	s := startE2E(t, e2eConfig{node: node.Options{PrefixCache: true}})
+	tok := s.node.Model().Tokenizer
+	texts := []string{nPrompt, "The dog ran", "Short"}
+	base := map[string]any{"max_tokens": 10, "temperature": 1, "seed": 7}
+	const n = 2
+	batch := s.postN(e2eKeyA, "/v1/completions", withBody(base, "prompt", texts, "n", n), len(texts)*n)
+	var ids [][]int
+	prompt, completion := 0, 0
+	for k, text := range texts {
+		ids = append(ids, tok.Encode(text, true, true))
+		for i := range n {
+			one := s.postN(e2eKeyA, "/v1/completions", withBody(base, "prompt", text, "seed", 7+i), 1)
+			if got := batch.Choices[k*n+i]; got.out() != one.Choices[0].out() || got.FinishReason != one.Choices[0].FinishReason {
+				t.Errorf("prompt %d choice %d: %q, the single answer %q", k, i, got.out(), one.Choices[0].out())
+			}
+			completion += one.Usage.CompletionTokens
+			if i == 0 {
+				prompt += one.Usage.PromptTokens
+			}
+		}
+	}
+	if u := batch.Usage; u.PromptTokens != prompt || u.CompletionTokens != completion || u.TotalTokens != prompt+completion {
+		t.Errorf("batch usage %+v, want prompt %d completion %d", *u, prompt, completion)
+	}
+	byIDs := s.postN(e2eKeyA, "/v1/completions", withBody(base, "prompt", ids, "n", n), len(texts)*n)
+	for j := range byIDs.Choices {
+		if byIDs.Choices[j].out() != batch.Choices[j].out() {
+			t.Errorf("choice %d from token ids %q, from text %q", j, byIDs.Choices[j].out(), batch.Choices[j].out())
+		}
+	}
+	s.waitAllFree()
+
+	// echo, alone and with a batch, streamed and not.
+	echoed := s.postN(e2eKeyA, "/v1/completions", withBody(base, "prompt", texts[1:], "n", n, "echo", true), 2*n)
+	for j, c := range echoed.Choices {
+		if want := texts[1+j/n] + batch.Choices[n+j].out(); c.out() != want {
+			t.Errorf("echo choice %d: %q, want %q", j, c.out(), want)
+		}
+	}
+	one := s.postN(e2eKeyA, "/v1/completions", withBody(base, "prompt", texts[2], "echo", true), 1)
+	if want := texts[2] + batch.Choices[2*n].out(); one.Choices[0].out() != want {
+		t.Errorf("echo with one choice: %q, want %q", one.Choices[0].out(), want)
+	}
+	st := s.stream(e2eKeyA, "/v1/completions", withBody(base, "prompt", texts[1:], "n", n, "echo", true))
+	got, _, _ := nEvents(t, st, 2*n)
+	firsts := map[int]string{}
+	for _, ev := range st.events {
+		var ch struct {
+			Choices []struct {
+				Index int    `json:"index"`
+				Text  string `json:"text"`
+			} `json:"choices"`
+		}
+		if json.Unmarshal(ev, &ch) == nil && len(ch.Choices) == 1 {
+			if _, ok := firsts[ch.Choices[0].Index]; !ok {
+				firsts[ch.Choices[0].Index] = ch.Choices[0].Text
+			}
+		}
+	}
+	for j := range 2 * n {
+		if got[j] != echoed.Choices[j].out() || firsts[j] != texts[1+j/n] {
+			t.Errorf("streamed echo choice %d: %q (first delta %q), want %q starting with the prompt", j, got[j], firsts[j], echoed.Choices[j].out())
+		}
+	}
+	s.waitAllFree()
+	s.checkMustBeZero()
+}
