@@ -27,9 +27,9 @@ func writeGGUF(t *testing.T, dir, name string, w *gguf.Writer) string {
 }
 
 // TestRunTensorTypes: run takes a file mixing the types llama-quantize
-// falls back to (Q4_1, Q5_0, Q5_1, IQ4_NL-sized rows of 64), and refuses a
-// file with a type the engine cannot compute with by naming the tensor,
-// its type and what is supported.
+// falls back to (Q4_1, Q5_0, Q5_1 beside Q8_0, rows of 64), and run, serve
+// and capacity refuse a file with a type the engine cannot compute with by
+// naming the tensor, its type and what is supported.
 func TestRunTensorTypes(t *testing.T) {
 	dir := t.TempDir()
 	spec := model.Builtins["tiny-short"]
@@ -67,13 +67,22 @@ func TestRunTensorTypes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r = pw(t, "run", "--model", writeGGUF(t, dir, "mxfp4.gguf", bad), "-t", "1", "-n", "1")
-	if r.code != 1 {
-		t.Errorf("MXFP4 file: exit %d, want 1 (stderr %q)", r.code, r.stderr)
-	}
-	for _, s := range []string{"blk.1.ffn_up.weight", "has type MXFP4", "cannot compute with", "Q4_1, Q5_0, Q5_1", "Q5_K", "IQ4_XS"} {
-		if !strings.Contains(r.stderr, s) {
-			t.Errorf("MXFP4 file: stderr %q does not mention %q", r.stderr, s)
+	path := writeGGUF(t, dir, "mxfp4.gguf", bad)
+	// run, serve and capacity load the model the same way; each must
+	// refuse the file before doing anything else, with the same message.
+	for _, args := range [][]string{
+		{"run", "--model", path, "-t", "1", "-n", "1"},
+		{"serve", "--model", path, "--listen", "127.0.0.1:0"},
+		{"capacity", "--model", path},
+	} {
+		r = pw(t, args...)
+		if r.code != 1 {
+			t.Errorf("%s of the MXFP4 file: exit %d, want 1 (stderr %q)", args[0], r.code, r.stderr)
+		}
+		for _, s := range []string{"blk.1.ffn_up.weight", "has type MXFP4", "cannot compute with", "Q4_1, Q5_0, Q5_1", "Q5_K", "IQ4_XS"} {
+			if !strings.Contains(r.stderr, s) {
+				t.Errorf("%s of the MXFP4 file: stderr %q does not mention %q", args[0], r.stderr, s)
+			}
 		}
 	}
 }
