@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -338,27 +339,31 @@ func (rt *Router) pickPrefill(p request.Params) transfer.Peer {
 }
 
 // pickDecode chooses c's decode node among those not yet tried for c:
-// first among the nodes in rotation whose last answer leaves room for the
-// whole request (prompt and max_tokens), the least busy, then the one
-// with the most room; then among the other nodes in rotation (no answer
-// yet, or too little room by their last one: a node refuses a reservation
-// it cannot hold, and the next is tried), the one with the fewest pages
-// promised by this router; then any untried node (it may have come
-// back). Called with rt.mu held.
+// first among the nodes in rotation that have room for the whole request
+// (prompt and max_tokens) by their last answer, or have not answered yet
+// (a node that just joined gets work at once), the least busy, then the
+// one with the most room (a node that has not answered counts as roomy:
+// it refuses a reservation it cannot hold, and the next is tried), then
+// the one with the fewest pages promised by this router; then any other
+// untried node, in rotation first (too little room by its last answer),
+// then silent or down ones (they may have come back). Called with rt.mu
+// held.
 func (rt *Router) pickDecode(c *call) (transfer.Peer, bool) {
 	now := time.Now()
 	var best transfer.Peer
-	bestWork, bestRoom := 0, 0
+	var bestWork, bestRoom int
 	for _, n := range rt.decode {
 		if c.tried[n] || rt.isDown(n) || rt.silent(n, now) {
 			continue
 		}
-		room, ok := rt.room(n)
-		if !ok || room < c.pages {
+		room, known := rt.room(n)
+		if !known {
+			room = math.MaxInt
+		} else if room < c.pages {
 			continue
 		}
-		w := rt.work(n, 0)
-		if best == "" || w < bestWork || (w == bestWork && room > bestRoom) {
+		w := rt.work(n, rt.sentSince(n))
+		if best == "" || w < bestWork || (w == bestWork && (room > bestRoom || (room == bestRoom && rt.pages[n] < rt.pages[best]))) {
 			best, bestWork, bestRoom = n, w, room
 		}
 	}

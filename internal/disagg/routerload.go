@@ -64,6 +64,16 @@ func (rt *Router) room(node transfer.Peer) (pages int, ok bool) {
 	return l.last.Room() - l.pages, true
 }
 
+// sentSince is how many requests this router sent node since its last
+// answer (all of them, when it has not answered yet). Called with rt.mu
+// held.
+func (rt *Router) sentSince(node transfer.Peer) int {
+	if l := rt.loads[node]; l != nil {
+		return l.reqs
+	}
+	return 0
+}
+
 // sent records a request (and its worst-case pages, for a decode node)
 // sent to node. Called with rt.mu held.
 func (rt *Router) sent(node transfer.Peer, pages int) {

@@ -54,9 +54,10 @@ func ld(free, cached, queued, running int) *transfer.Load {
 }
 
 // TestPickDecodeByLoad: the decode node is one with room for the whole
-// request by its own account, the least busy, then the roomiest; nodes
-// with no answer or too little room come after, by promised pages; a
-// silent or down node only when nothing else is left.
+// request by its own account (or no answer yet), the least busy, then the
+// roomiest, then the one with the fewest promised pages; nodes with too
+// little room come after, by promised pages; a silent or down node only
+// when nothing else is left.
 func TestPickDecodeByLoad(t *testing.T) {
 	tests := []struct {
 		name  string
@@ -71,7 +72,9 @@ func TestPickDecodeByLoad(t *testing.T) {
 		{"equal work: most room", 10, nodeState{load: ld(100, 0, 0, 2)}, nodeState{load: ld(300, 0, 1, 1)}, "b"},
 		{"sent since the answer is work", 10, nodeState{load: ld(100, 0, 0, 0), sinceReqs: 3}, nodeState{load: ld(100, 0, 0, 2)}, "b"},
 		{"sent since the answer takes room", 50, nodeState{load: ld(100, 0, 0, 0), sincePages: 60}, nodeState{load: ld(60, 0, 0, 5)}, "b"},
-		{"an answer with room beats no answer", 10, nodeState{}, nodeState{load: ld(20, 0, 0, 8), promised: 500}, "b"},
+		{"a node that just joined gets work at once", 10, nodeState{}, nodeState{load: ld(20, 0, 0, 8)}, "a"},
+		{"no answer yet: its work is what was sent since", 10, nodeState{sinceReqs: 3}, nodeState{load: ld(20, 0, 0, 2)}, "b"},
+		{"equal work, no answer counts as roomy", 10, nodeState{sinceReqs: 2}, nodeState{load: ld(900, 0, 0, 2)}, "a"},
 		{"no answers: fewest promised pages", 10, nodeState{promised: 30}, nodeState{promised: 20}, "b"},
 		{"nobody has room: fewest promised pages", 200, nodeState{load: ld(100, 0, 0, 0), promised: 5}, nodeState{load: ld(150, 0, 0, 0), promised: 9}, "a"},
 		{"silent is out of rotation", 10, nodeState{load: ld(900, 0, 0, 0), silent: true}, nodeState{load: ld(20, 0, 0, 8)}, "b"},
