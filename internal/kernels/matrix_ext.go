@@ -557,13 +557,23 @@ func (m *Matrix) mulKMin(p *Pool, dst []float32, x []float32, n int) {
 						for g := 0; g < ng; g++ {
 							o := (g*w + i) * qRows
 							base := (rec + g) * qRows
-							for r := 0; r < qRows; r++ {
+							dmins := (*[qRows]float32)(m.kdmin[base:])
+							ov, av := (*[qRows]float32)(out[o:]), (*[qRows]float32)(accs[o:])
+							for r := range av {
 								var msum int32
-								for j, v := range m.kmins[(base+r)*nm : (base+r+1)*nm] {
-									msum += int32(v) * bs[j]
+								if nm == 16 {
+									mn := (*[16]uint8)(m.kmins[(base+r)*16:])
+									for j := range mn {
+										msum += int32(mn[j]) * bs[j]
+									}
+								} else {
+									mn := (*[8]uint8)(m.kmins[(base+r)*8:])
+									for j := range mn {
+										msum += int32(mn[j]) * bs[j]
+									}
 								}
-								dmin := float32(m.kdmin[base+r] * xd)
-								accs[o+r] += out[o+r] - float32(dmin*float32(msum))
+								dmin := float32(dmins[r] * xd)
+								av[r] += ov[r] - float32(dmin*float32(msum))
 							}
 						}
 					}
