@@ -954,8 +954,8 @@ func qAVX2Multi(kind string, w, a int) {
 
 // f32AVX2Kernel emits the F32 4-row x a-activation tile for AVX2+FMA, the
 // same contract as f32Kernel: dst[i*ds + r] += w_r . x_i over k elements.
-// Accumulator (i, r) is Y(4i+r); Y12-Y15 hold the four weight vectors and
-// the activations are FMA memory operands (an L1 hit each).
+// Accumulator (i, r) is Y(4i+r); Y12-Y14 hold the activation vectors and
+// Y15 one weight vector at a time.
 func f32AVX2Kernel(a int) {
 	name := fmt.Sprintf("gemmF32AVX2x4x%d", a)
 	p("// func %s(w *float32, ws int, x *float32, xs int, k int, dst *float32, ds int)", name)
@@ -982,12 +982,16 @@ func f32AVX2Kernel(a int) {
 	p("%s_loop:", name)
 	p("\tCMPQ CX, $8")
 	p("\tJL %s_tail", name)
-	for r := 0; r < 4; r++ {
-		p("\tVMOVUPS %s, Y%d", waddr[r], 12+r)
-	}
+	// The activations stay in Y12-Y14 and each weight row passes through
+	// Y15: 4+a loads per 4a FMAs, so the two FMA ports, not the loads,
+	// set the pace.
 	for i := 0; i < a; i++ {
-		for r := 0; r < 4; r++ {
-			p("\tVFMADD231PS %s, Y%d, Y%d", xaddr[i], 12+r, 4*i+r)
+		p("\tVMOVUPS %s, Y%d", xaddr[i], 12+i)
+	}
+	for r := 0; r < 4; r++ {
+		p("\tVMOVUPS %s, Y15", waddr[r])
+		for i := 0; i < a; i++ {
+			p("\tVFMADD231PS Y15, Y%d, Y%d", 12+i, 4*i+r)
 		}
 	}
 	p("\tADDQ $32, SI")
