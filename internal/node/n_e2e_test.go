@@ -16,6 +16,7 @@ import (
 	"testing"
 
 	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
+	"github.com/pagewarden/pagewarden/internal/grammar"
 	"github.com/pagewarden/pagewarden/internal/node"
 	"github.com/pagewarden/pagewarden/internal/request"
 )
@@ -495,6 +496,68 @@ func TestE2ENBatchAndEcho(t *testing.T) {
 		if got[j] != echoed.Choices[j].out() || firsts[j] != texts[1+j/n] {
 			t.Errorf("streamed echo choice %d: %q (first delta %q), want %q starting with the prompt", j, got[j], firsts[j], echoed.Choices[j].out())
 		}
+	}
+	s.waitAllFree()
+	s.checkMustBeZero()
+}
+
+// TestE2ENAuditAndConstraints: the replay audit replays every choice of
+// an n-choice answer like any answer (all match); an output constraint
+// and a tool call hold per choice.
+func TestE2ENAuditAndConstraints(t *testing.T) {
+	s := startE2E(t, e2eConfig{node: node.Options{PrefixCache: true}, auditRate: 1})
+	s.postN(e2eKeyA, "/v1/completions", map[string]any{"prompt": nPrompt, "max_tokens": 12, "temperature": 1, "seed": 3, "n": 3}, 3)
+	s.waitReplays(3)
+	if m := s.metricValue("pagewarden_audit_mismatches_total"); m != 0 {
+		t.Errorf("%v replay mismatches", m)
+	}
+
+	format := map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "pet", "strict": true, "schema": json.RawMessage(petSchema)}}
+	r := s.postN(e2eKeyA, "/v1/chat/completions", map[string]any{"messages": []map[string]string{{"role": "user", "content": "A pet."}},
+		"max_tokens": 120, "temperature": 1, "seed": 5, "n": 3, "response_format": format}, 3)
+	for _, c := range r.Choices {
+		checkStructured(t, grammar.JSONSchema, petSchema, c.out(), c.FinishReason)
+	}
+
+	tools := []any{json.RawMessage(`{"type":"function","function":{"name":"ping","parameters":{"type":"object","properties":{"ok":{"type":"boolean"}},"required":["ok"],"additionalProperties":false}}}`)}
+	code, _, out := s.post(e2eKeyA, "/v1/chat/completions", map[string]any{"messages": []map[string]string{{"role": "user", "content": "ping"}},
+		"max_tokens": 60, "temperature": 1, "seed": 1, "n": 3, "tools": tools, "tool_choice": "required"})
+	var resp struct {
+		Choices []struct {
+			Index   int `json:"index"`
+			Message struct {
+				ToolCalls []struct {
+					Function struct {
+						Name, Arguments string
+					} `json:"function"`
+				} `json:"tool_calls"`
+			} `json:"message"`
+			FinishReason string `json:"finish_reason"`
+		} `json:"choices"`
+	}
+	if code != 200 || json.Unmarshal(out, &resp) != nil || len(resp.Choices) != 3 {
+		t.Fatalf("tools: %d %s", code, out)
+	}
+	called := 0
+	for i, c := range resp.Choices {
+		if c.Index != i || (c.FinishReason != "tool_calls" && c.FinishReason != "length") {
+			t.Errorf("choice %d: %s", i, out)
+		}
+		if c.FinishReason == "tool_calls" {
+			var args map[string]bool
+			if len(c.Message.ToolCalls) != 1 || c.Message.ToolCalls[0].Function.Name != "ping" ||
+				json.Unmarshal([]byte(c.Message.ToolCalls[0].Function.Arguments), &args) != nil {
+				t.Errorf("choice %d: %s", i, out)
+			}
+			called++
+		}
+	}
+	if called == 0 {
+		t.Errorf("no choice finished its call: %s", out)
+	}
+	s.waitReplays(9) // every choice of the three requests, tool calls included
+	if m := s.metricValue("pagewarden_audit_mismatches_total"); m != 0 {
+		t.Errorf("%v replay mismatches", m)
 	}
 	s.waitAllFree()
 	s.checkMustBeZero()
