@@ -39,7 +39,8 @@
 //	                           stop_token_ids (≤ 64 ids in the vocabulary;
 //	                           finish "stop", the token's text not shown),
 //	                           cache_salt, guided_json (a JSON Schema, as
-//	                           an object or a string)
+//	                           an object or a string), n (1 to 128
+//	                           choices, fanout.go)
 //	honoured, chat             messages (roles system, developer, user,
 //	                           assistant with tool_calls, tool),
 //	                           add_generation_prompt, response_format
@@ -49,19 +50,20 @@
 //	                           Llama 3 or Mistral template, "required", a
 //	                           named function), parallel_tool_calls (false:
 //	                           "auto" keeps the first call)
-//	honoured, completions      prompt (one: text or token ids)
+//	honoured, completions      prompt (text or token ids; a list of either
+//	                           is a batch), echo
 //	accepted (no effect)       user; chat: metadata (≤ 16 pairs),
 //	                           prompt_cache_key, prompt_cache_retention,
 //	                           safety_identifier
-//	refused unless default     n (1), top_logprobs; chat: logprobs (false),
+//	refused unless default     top_logprobs; chat: logprobs (false),
 //	                           functions ([]),
 //	                           function_call ("none"), modalities (["text"]),
 //	                           audio, prediction, reasoning_effort,
 //	                           verbosity, web_search_options, service_tier
 //	                           ("auto", "default"), store (false: stored
 //	                           completions cannot be read back here);
-//	                           completions: logprobs, echo (false),
-//	                           best_of (1), suffix ("")
+//	                           completions: logprobs, best_of (1),
+//	                           suffix ("")
 //	refused (vLLM, llama.cpp)  guided_regex, guided_choice,
 //	                           guided_grammar, guided_decoding_backend,
 //	                           guided_whitespace_pattern, structured_outputs,
@@ -113,6 +115,31 @@
 // Assistant messages may carry tool_calls (arguments given as a JSON
 // string become an object for the template, as vLLM passes them), and
 // tool messages need tool_call_id.
+//
+// Several choices (n > 1, and completions' prompt lists) are a fan-out
+// (fanout.go): one child request per choice, each a whole request of the
+// authenticated tenant with the prompt, cache salt and max_tokens of the
+// request; choice i of a prompt samples with seed + i (uint64, wrapping),
+// so it is exactly the single answer to the same request with seed + i,
+// and greedy choices are the same text. A prompt's first choice is
+// submitted first and its siblings once it delivered its first token: its
+// full prompt pages are then in the tenant-scoped prefix cache (same
+// tenant and salt: the isolation rules of any hit), and the siblings
+// attach them read-only instead of computing them again. Admission charges
+// every sequence's worst case (tokens: the prompts + n × max_tokens each;
+// pages: n × one sequence's, summed over the prompts), and a request whose
+// sequences can never fit the tenant's page budget is a 400
+// kv_page_limit_exceeded naming n (prompt for a batch of single choices);
+// an omitted max_tokens is shared among them. Choice k*n + i answers
+// prompt k; streamed, chunks carry their choice's index and interleave
+// (one writer at a time), each choice has its own finish chunk, and one
+// usage chunk ends the stream. usage counts each prompt once, every
+// choice's tokens, and the cached tokens of each prompt's first choice.
+// The answer is whole or an error: a failed choice aborts its siblings
+// and fails the response (an SSE error event once streaming began); a
+// client that hangs up aborts every choice. Each choice is audited like a
+// single answer. echo puts the prompt's text before each choice's (the
+// first delta of a streamed choice).
 //
 // Chat prompts are rendered with the model's GGUF chat template through
 // package chattmpl; when the model has none, or its template cannot be
