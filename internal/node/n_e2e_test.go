@@ -17,6 +17,8 @@ import (
 
 	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
 	"github.com/pagewarden/pagewarden/internal/grammar"
+	"github.com/pagewarden/pagewarden/internal/kvcache"
+	"github.com/pagewarden/pagewarden/internal/model"
 	"github.com/pagewarden/pagewarden/internal/node"
 	"github.com/pagewarden/pagewarden/internal/request"
 )
@@ -560,5 +562,47 @@ func TestE2ENAuditAndConstraints(t *testing.T) {
 		t.Errorf("%v replay mismatches", m)
 	}
 	s.waitAllFree()
+	s.checkMustBeZero()
+}
+
+// TestE2ENPreemption: four choices that together need more KV pages than
+// the pool holds (20 pages; each choice grows to 8) preempt each other,
+// on poisoned pages, and each still equals its single answer (seed + i),
+// computed alone without preemption; every page comes back.
+func TestE2ENPreemption(t *testing.T) {
+	m, err := model.Load(model.BuiltinPrefix+"tiny", model.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := m.Config
+	m.Close()
+	pageBytes := kvcache.Layout{Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, PageSize: kvcache.DefaultPageSize}.PageBytes()
+	s := startE2E(t, e2eConfig{node: node.Options{PrefixCache: true, MaxContext: 128, KVMemory: 20 * pageBytes}})
+	base := map[string]any{"prompt": "Hello there friend", "max_tokens": 100, "ignore_eos": true, "temperature": 1, "seed": 1}
+	before := s.stats().Core.Preemptions
+	for _, stream := range []bool{false, true} {
+		var texts []string
+		if stream {
+			st := s.stream(e2eKeyA, "/v1/completions", withBody(base, "n", 4))
+			texts, _, _ = nEvents(t, st, 4)
+		} else {
+			for _, ch := range s.postN(e2eKeyA, "/v1/completions", withBody(base, "n", 4), 4).Choices {
+				texts = append(texts, ch.out())
+			}
+		}
+		s.waitAllFree()
+		for i, got := range texts {
+			one := s.postN(e2eKeyA, "/v1/completions", withBody(base, "seed", 1+i), 1)
+			if got != one.Choices[0].out() {
+				t.Errorf("stream %v choice %d: %q; alone with seed %d: %q", stream, i, got, 1+i, one.Choices[0].out())
+			}
+		}
+		s.waitAllFree()
+	}
+	if p := s.stats().Core.Preemptions - before; p == 0 {
+		t.Errorf("no preemption: the test did not test it")
+	} else {
+		t.Logf("%d preemptions", p)
+	}
 	s.checkMustBeZero()
 }
