@@ -226,6 +226,60 @@ func FuzzCharge(f *testing.F) {
 	})
 }
 
+// FuzzChargeN is FuzzCharge for several choices and prompts: whatever
+// chargeN accepts, every prompt's choices fit the window, all of them
+// together fit the page budget, and the token charge is exactly the
+// prompts + n × max_tokens each, never wrapped.
+func FuzzChargeN(f *testing.F) {
+	f.Add(2, 30, 4, 0, int64(90), 2048, 16, 0)
+	f.Add(2, 1, 128, 1, int64(0), 2048, 16, 64)
+	f.Add(100, 3, 2, 5, int64(1<<30), 128, 16, 3)
+	f.Add(5, 5, 1, 128, int64(0), 1<<30+6, 1, 1<<62)
+	f.Fuzz(func(t *testing.T, p0, p1, n, extra int, maxTokens int64, window, pageSize, budget int) {
+		if window < 2 || pageSize < 0 || p0 < 0 || p1 < 0 || budget < 0 || extra < 0 || extra > maxN {
+			return
+		}
+		s := &Server{limits: Limits{MaxContext: window, MaxPromptTokens: window - 1, PageSize: pageSize}}
+		body := `{"prompt":"x","n":` + strconv.Itoa(n)
+		if maxTokens != 0 {
+			body += `,"max_tokens":` + strconv.FormatInt(maxTokens, 10)
+		}
+		g, _, e := parseCompletion([]byte(body + "}"))
+		if e != nil {
+			return
+		}
+		// Prompt lengths only: chargeN never reads the ids.
+		prompts := [][]int{make([]int, min(p0, 1<<16)), make([]int, min(p1, 1<<16))}
+		for range extra % 3 {
+			prompts = append(prompts, make([]int, min(p0, 1<<16)))
+		}
+		if len(prompts)*g.n > maxN {
+			return // parseCompletion refuses such batches
+		}
+		mt, pages, tokens, all, e := s.chargeN(prompts, "prompt", &g, budget)
+		if e != nil {
+			if e.Status != 400 || e.Param == "" {
+				t.Fatalf("refusal without a 400 naming a field: %+v", e)
+			}
+			return
+		}
+		wantTokens, wantPages := 0, 0
+		for i, p := range prompts {
+			if len(p) < 1 || mt < 1 || mt > window-len(p) {
+				t.Fatalf("accepted prompt %d + max_tokens %d in window %d", len(p), mt, window)
+			}
+			if pageSize > 0 && pages[i] != request.MaxKVPages(len(p), mt, pageSize) {
+				t.Fatalf("pages %d disagree with request.MaxKVPages", pages[i])
+			}
+			wantTokens += len(p) + g.n*mt
+			wantPages += g.n * pages[i]
+		}
+		if tokens != wantTokens || all != wantPages || tokens < 0 || all < 0 || (budget > 0 && all > budget) {
+			t.Fatalf("tokens %d pages %d (want %d, %d) with budget %d", tokens, all, wantTokens, wantPages, budget)
+		}
+	})
+}
+
 // FuzzParseCalls: whatever a model writes, parsing its "auto" answer (in
 // either syntax) never panics, and every call it returns names an offered
 // function with arguments that are a JSON object.
