@@ -66,13 +66,17 @@ func extRefProduct(t quant.Type, row []byte, x []float32) float32 {
 	return dotIQ4XSRef(row, q, d)
 }
 
-// TestExtMatMulMatchesGGML: MatMul over the added types (repacked as Q8_0
-// for Q5_0/IQ4_NL/Q4_1/Q5_1, row by row for the rest) gives, bit for bit,
-// ggml's vec_dot over the original GGML rows, with the dispatched kernels
-// of this CPU and with the references, for one activation row (decode),
-// padded and several activation groups, a padded weight group, more
-// groups than one Q4_1/Q5_1 chunk, one or two threads.
+// TestExtMatMulMatchesGGML: MatMul over the added types (repacked for the
+// Q8_0 or Q6_K kernels, matrix_ext.go) gives, bit for bit, the reference
+// product over the original GGML rows (ggml's vec_dot; see ref_ext.go),
+// on every kernel tier of this CPU and with the references swapped in,
+// for one activation row (decode), padded and several activation groups,
+// a padded weight group, more groups than one chunk, one or two threads.
 func TestExtMatMulMatchesGGML(t *testing.T) {
+	forEachTier(t, testExtMatMul)
+}
+
+func testExtMatMul(t *testing.T) {
 	rng := newRand(47)
 	pools := []*Pool{nil, NewPool(2)}
 	defer pools[1].Close()
