@@ -205,6 +205,7 @@ func (m *Matrix) mulQ1(p *Pool, dst []float32, x []float32, n int) {
 	// s per (activation group, block, row in group), as xd is laid out.
 	s := grow(a.s, ag*nb*w)
 	a.s = s
+	clear(s) // padding rows of the last activation group stay zero
 	p.RunGrain(n, max(1, minShareMACs/cols), func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			g, i := r/w, r%w
