@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"slices"
 	"sync"
@@ -166,8 +167,11 @@ type call struct {
 	decode  transfer.Peer
 	prefill transfer.Peer
 	tried   map[transfer.Peer]bool // decode nodes tried
-	pages   int                    // worst-case KV pages, charged to the decode node
-	cached  int                    // prompt tokens the prefill node's prefix cache served
+	// prefillTried are the prefill nodes that refused or failed c's
+	// prompt (retryPrefill). Guarded by rt.mu.
+	prefillTried map[transfer.Peer]bool
+	pages        int // worst-case KV pages, charged to the decode node
+	cached       int // prompt tokens the prefill node's prefix cache served
 
 	// Tokens wait in buf until the pump hands them to the tokens channel:
 	// the router's loop never blocks on a slow client (buf is bounded by
@@ -214,7 +218,7 @@ func (rt *Router) Submit(ctx context.Context, p request.Params) (gateway.Stream,
 		rt.mu.Unlock()
 		return nil, fmt.Errorf("%w: duplicate request id", request.ErrInternal)
 	}
-	c.prefill = rt.pickPrefill(p)
+	c.prefill = rt.pickPrefill(p, nil)
 	if c.prefill == "" {
 		rt.mu.Unlock()
 		return nil, fmt.Errorf("%w: no prefill node in the cluster", request.ErrOverloaded)
@@ -306,15 +310,12 @@ func prefixKey(p request.Params, pageSize int) (k [32]byte, ok bool) {
 // router's requests in flight); any node when none is in rotation (it may
 // have come back), none when there is no prefill node. Called with rt.mu
 // held.
-func (rt *Router) pickPrefill(p request.Params) transfer.Peer {
-	if len(rt.prefill) == 0 {
-		return ""
-	}
+func (rt *Router) pickPrefill(p request.Params, skip map[transfer.Peer]bool) transfer.Peer {
 	now := time.Now()
 	var best transfer.Peer
 	bestWork := 0
 	for _, n := range rt.prefill {
-		if rt.isDown(n) || rt.silent(n, now) {
+		if skip[n] || rt.isDown(n) || rt.silent(n, now) {
 			continue
 		}
 		if w := rt.work(n, rt.load[n]); best == "" || w < bestWork {
@@ -322,13 +323,17 @@ func (rt *Router) pickPrefill(p request.Params) transfer.Peer {
 		}
 	}
 	if best == "" {
-		best = rt.prefill[0]
+		i := slices.IndexFunc(rt.prefill, func(n transfer.Peer) bool { return !skip[n] })
+		if i < 0 {
+			return ""
+		}
+		best = rt.prefill[i]
 	}
 	key, ok := prefixKey(p, rt.Limits().PageSize)
 	if !ok {
 		return best
 	}
-	if n, hit := rt.affinity[key]; hit && !rt.isDown(n) && !rt.silent(n, now) && slices.Contains(rt.prefill, n) && rt.work(n, rt.load[n]) <= bestWork+affinitySlack {
+	if n, hit := rt.affinity[key]; hit && !skip[n] && !rt.isDown(n) && !rt.silent(n, now) && slices.Contains(rt.prefill, n) && rt.work(n, rt.load[n]) <= bestWork+affinitySlack {
 		best = n
 	}
 	if len(rt.affinity) >= maxAffinity {
@@ -761,6 +766,21 @@ func (rt *Router) inbound(ctx context.Context, in link.Inbound) {
 		if c == nil || (from != c.decode && from != c.prefill) || m.Epoch != c.epoch {
 			return
 		}
+		if from == c.prefill && m.Reason == transfer.ReasonPrefillFailed && rt.retryPrefill(c, from) {
+			return
+		}
+		if from == c.prefill {
+			// A prefill node that refused the prompt at the start told
+			// only this gateway: the decode node's reservation is given
+			// back now, not when its lease runs out (an abort it already
+			// had is acknowledged all the same).
+			rt.mu.Lock()
+			granted, decode := c.granted, c.decode
+			rt.mu.Unlock()
+			if granted && decode != "" {
+				rt.sendAbort(&transfer.Abort{Ref: m.Ref, Reason: m.Reason}, []transfer.Peer{decode})
+			}
+		}
 		rt.countFailure(m.Reason)
 		rt.fail(c, fmt.Errorf("%w: handoff aborted by %s: %v", request.ErrInternal, from, m.Reason), m.Reason)
 	case *transfer.AbortAck:
@@ -768,6 +788,46 @@ func (rt *Router) inbound(ctx context.Context, in link.Inbound) {
 	default:
 		rt.log.Warn("unexpected message at the gateway", "from", from, "type", in.Msg.Type())
 	}
+}
+
+// retryPrefill moves c to another prefill node after its prefill node
+// refused or failed the prompt before the handoff committed (a node that
+// drains refuses new prompts). A reservation takes pages from the sender
+// it names only, so c cannot keep it: the decode node's reservation is
+// aborted, and c is reserved again with a new epoch, on a decode node not
+// yet tried, naming the new prefill node (late pages of the old one are
+// refused by epoch). It reports false, and changes nothing, when no other
+// prefill node is left to try or c is past the point of moving; the
+// caller then fails c.
+func (rt *Router) retryPrefill(c *call, from transfer.Peer) bool {
+	rt.mu.Lock()
+	if c.ended || c.committed || c.aborting || !c.granted || from != c.prefill {
+		rt.mu.Unlock()
+		return false
+	}
+	skip := maps.Clone(c.prefillTried)
+	if skip == nil {
+		skip = map[transfer.Peer]bool{}
+	}
+	skip[from] = true
+	next := rt.pickPrefill(c.params, skip)
+	if next == "" {
+		rt.mu.Unlock()
+		return false
+	}
+	c.prefillTried = skip
+	old, decode := c.ref, c.decode
+	rt.load[from]--
+	rt.load[next]++
+	rt.sent(next, 0)
+	c.prefill, c.granted = next, false
+	rt.mu.Unlock()
+	rt.log.Info("prefill node refused a prompt; moving it", "from", from, "to", next, "owner", c.owner)
+	rt.sendAbort(&transfer.Abort{Ref: old, Reason: transfer.ReasonPrefillFailed}, []transfer.Peer{decode})
+	if err := rt.reserve(c); err != nil {
+		rt.fail(c, fmt.Errorf("%w: prefill node %s refused the prompt, and moving it failed: %v", request.ErrInternal, from, err), transfer.ReasonPrefillFailed)
+	}
+	return true
 }
 
 // fail ends c with an error (the decode node's result, if it still comes,

@@ -2,11 +2,13 @@ package disagg
 
 import (
 	"context"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/pagewarden/pagewarden/internal/link"
+	"github.com/pagewarden/pagewarden/internal/node"
 	"github.com/pagewarden/pagewarden/internal/request"
 	"github.com/pagewarden/pagewarden/internal/transfer"
 )
@@ -122,6 +124,18 @@ func TestPickPrefillByLoad(t *testing.T) {
 		{"silent prefix holder", nodeState{load: ld(10, 0, 0, 0), silent: true}, nodeState{load: ld(10, 0, 1, 0)}, "a", "b"},
 		{"all out of rotation: the first", nodeState{down: true}, nodeState{silent: true}, "", "a"},
 	}
+	// A node that refused this request is never picked for it again.
+	rt := routerFor(t, []transfer.Peer{"a", "b"}, []transfer.Peer{"d"})
+	rt.setState("a", nodeState{load: ld(10, 0, 0, 0)})
+	rt.setState("b", nodeState{load: ld(10, 0, 9, 0)})
+	for _, tc := range []struct {
+		skip map[transfer.Peer]bool
+		want transfer.Peer
+	}{{nil, "a"}, {map[transfer.Peer]bool{"a": true}, "b"}, {map[transfer.Peer]bool{"a": true, "b": true}, ""}} {
+		if got := rt.pickPrefill(p, tc.skip); got != tc.want {
+			t.Errorf("pickPrefill skipping %v = %q, want %q", tc.skip, got, tc.want)
+		}
+	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			rt := routerFor(t, []transfer.Peer{"a", "b"}, []transfer.Peer{"d"})
@@ -134,7 +148,7 @@ func TestPickPrefillByLoad(t *testing.T) {
 				}
 				rt.affinity[k] = tc.affinity
 			}
-			if got := rt.pickPrefill(p); got != tc.want {
+			if got := rt.pickPrefill(p, nil); got != tc.want {
 				t.Fatalf("pickPrefill = %q, want %q", got, tc.want)
 			}
 		})
@@ -225,5 +239,74 @@ func TestLoadReports(t *testing.T) {
 	}
 	if committed(0) == c0 {
 		t.Error("decode-0, answering again, took no handoff")
+	}
+}
+
+// refusePrefill makes a prefill node refuse every prompt it is sent, as a
+// draining node does: the Prefill never reaches its driver, and the
+// gateway gets an Abort (ReasonPrefillFailed) for the grant.
+type refusePrefill struct {
+	link.Transport
+	in      chan link.Inbound
+	refused atomic.Int64
+}
+
+func newRefusePrefill(t link.Transport) *refusePrefill {
+	r := &refusePrefill{Transport: t, in: make(chan link.Inbound, 64)}
+	go func() {
+		defer close(r.in)
+		for in := range t.Inbox() {
+			if m, ok := in.Msg.(*transfer.Prefill); ok {
+				r.refused.Add(1)
+				_ = t.Send(context.Background(), in.From.Name, &transfer.Abort{Ref: m.Grant.Ref, Reason: transfer.ReasonPrefillFailed})
+				continue
+			}
+			r.in <- in
+		}
+	}()
+	return r
+}
+
+func (r *refusePrefill) Inbox() <-chan link.Inbound { return r.in }
+
+// TestPrefillRefusalMoves: a prompt refused by its prefill node before the
+// handoff (a draining node does that) moves to the other prefill node with
+// a new reservation, and the answer is the one a single node gives; with
+// no other prefill node left it fails with an error naming the refusal.
+// Every pool comes back.
+func TestPrefillRefusalMoves(t *testing.T) {
+	var refusing *refusePrefill
+	l := startLocal(t, LocalConfig{Prefill: 2, Decode: 2, Wrap: func(name transfer.Peer, tr link.Transport) link.Transport {
+		if name == "prefill-0" {
+			refusing = newRefusePrefill(tr)
+			return refusing
+		}
+		return tr
+	}})
+	single := startSingle(t)
+	prompt := []int{5, 6, 7, 8, 9, 10, 11}
+	want := run(t, single, params("t", prompt, 6))
+	for i := range 4 {
+		got := run(t, l, params("t", prompt, 6))
+		if !got.res.Reason.Success() || !slices.Equal(got.tokens, want.tokens) {
+			t.Fatalf("request %d: %+v %v, want %v", i, got.res, got.tokens, want.tokens)
+		}
+	}
+	if refusing.refused.Load() == 0 {
+		t.Fatal("prefill-0 was never asked: the test did not exercise a refusal")
+	}
+	// Only the refusing node left: the request fails, never a 200.
+	l.SetNodes([]transfer.Peer{"prefill-0"}, []transfer.Peer{"decode-0", "decode-1"})
+	if o := run(t, l, params("t", prompt, 6)); o.res.Reason.Success() || o.res.Err == nil {
+		t.Fatalf("with only a refusing prefill node: %+v, want an error", o.res)
+	}
+	for _, n := range append(append([]*node.Node(nil), l.Prefills...), l.Decodes...) {
+		deadline := time.Now().Add(10 * time.Second)
+		for n.PoolStats().PagesUsed != 0 || n.PoolStats().PagesQuarantined != 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("pool not back: %+v", n.PoolStats())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 	}
 }
