@@ -16,6 +16,8 @@ type metrics struct {
 	promptTokens     *prometheus.CounterVec   // tenant
 	completionTokens *prometheus.CounterVec   // tenant
 	inFlight         *prometheus.GaugeVec     // tenant
+	duration         *prometheus.HistogramVec // tenant, endpoint
+	finishes         *prometheus.CounterVec   // tenant, reason
 	ownerMismatch    prometheus.Counter
 	abortedCompleted prometheus.Counter
 	badStream        prometheus.Counter
@@ -57,8 +59,18 @@ func newMetrics(b Backend) *metrics {
 		Name: "pagewarden_gateway_stream_contract_violations_total",
 		Help: "Backend streams with out-of-order tokens or a usage count that differs from the tokens delivered. Must stay 0.",
 	})
+	m.duration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "pagewarden_request_duration_seconds", Help: "Generation requests from arrival to the last byte of the answer (or of the error), by tenant and endpoint.",
+		Buckets: latencyBuckets,
+	}, []string{"tenant", "endpoint"})
+	// reason takes the finish reasons of the API (stop, length,
+	// tool_calls) and of the failures (error, abort, client_closed, ...):
+	// a fixed, small set.
+	m.finishes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pagewarden_finish_reasons_total", Help: "Generation requests by how they ended: stop, length, tool_calls, or the failure (error, abort, client_closed, ...).",
+	}, []string{"tenant", "reason"})
 	m.reg.MustRegister(m.requests, m.ttft, m.interToken, m.promptTokens, m.completionTokens,
-		m.inFlight, m.ownerMismatch, m.abortedCompleted, m.badStream)
+		m.inFlight, m.ownerMismatch, m.abortedCompleted, m.badStream, m.duration, m.finishes)
 	m.reg.MustRegister(ProcessCollectors()...)
 
 	if src, ok := b.(StatsSource); ok {

@@ -438,7 +438,16 @@ func (c *call) done() {
 		tenant = "-"
 	}
 	s.m.requests.WithLabelValues(tenant, c.endpoint, strconv.Itoa(c.status)).Inc()
-	if c.endpoint != "chat" && c.endpoint != "completions" && c.status < 400 {
+	generation := c.endpoint == "chat" || c.endpoint == "completions"
+	if generation && c.tenant.ID != "" {
+		s.m.duration.WithLabelValues(tenant, c.endpoint).Observe(s.now().Sub(c.start).Seconds())
+		if c.finish != "" {
+			s.m.finishes.WithLabelValues(tenant, c.finish).Inc()
+		} else if c.status >= 400 {
+			s.m.finishes.WithLabelValues(tenant, "refused").Inc()
+		}
+	}
+	if !generation && c.status < 400 {
 		return // one line per generation request or failure, not per probe
 	}
 	attrs := []slog.Attr{

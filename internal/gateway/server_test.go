@@ -696,9 +696,13 @@ func TestMetrics(t *testing.T) {
 	h.fake.SetIsolationViolations(0)
 	h.post("/v1/chat/completions", keyAlpha, chatBody(nil))
 	h.post("/v1/chat/completions", "bad", chatBody(nil))
+	h.post("/v1/chat/completions", keyAlpha, chatBody(map[string]any{"max_tokens": 0}))
 	text := scrape(t, h)
 	for _, want := range []string{
 		`pagewarden_requests_total{endpoint="chat",status="200",tenant="alpha"} 1`,
+		`pagewarden_request_duration_seconds_count{endpoint="chat",tenant="alpha"} 2`,
+		`pagewarden_finish_reasons_total{reason="stop",tenant="alpha"} 1`,
+		`pagewarden_finish_reasons_total{reason="refused",tenant="alpha"} 1`,
 		`pagewarden_requests_total{endpoint="chat",status="401",tenant="-"} 1`,
 		`pagewarden_completion_tokens_total{tenant="alpha"} 23`,
 		`pagewarden_time_to_first_token_seconds_count{tenant="alpha"} 1`,

@@ -135,7 +135,10 @@ type collector struct {
 	descs map[string]*prometheus.Desc
 }
 
-const snapshotAgeName = "pagewarden_scheduler_snapshot_age_seconds"
+const (
+	snapshotAgeName = "pagewarden_scheduler_snapshot_age_seconds"
+	queueWaitName   = "pagewarden_queue_wait_seconds"
+)
 
 var counterHelp = map[string]string{
 	"pagewarden_kv_page_allocations_total":     "KV pages handed out by the pool.",
@@ -162,6 +165,8 @@ func (n *Node) Collector() prometheus.Collector {
 	}
 	c.descs["pagewarden_kv_pages_by_tenant"] = prometheus.NewDesc("pagewarden_kv_pages_by_tenant",
 		"KV pages held (owned or shared) per tenant.", []string{"tenant"}, nil)
+	c.descs[queueWaitName] = prometheus.NewDesc(queueWaitName,
+		"Seconds requests waited in their tenant's queue before they first ran (a preempted request's second wait is not counted).", nil, nil)
 	c.descs[snapshotAgeName] = prometheus.NewDesc(snapshotAgeName,
 		"Seconds since the scheduler loop last reported its counts or answered a scrape; "+
 			"it grows while one step runs. The node's counters and gauges describe the state that old.", nil, nil)
@@ -198,5 +203,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	for t, pages := range st.Pool.TenantPages {
 		ch <- prometheus.MustNewConstMetric(c.descs["pagewarden_kv_pages_by_tenant"], prometheus.GaugeValue, float64(pages), string(t))
 	}
+	qw := st.Core.QueueWait
+	ch <- prometheus.MustNewConstHistogram(c.descs[queueWaitName], qw.Count, qw.Sum, qw.Cumulative())
 	ch <- prometheus.MustNewConstMetric(c.descs[snapshotAgeName], prometheus.GaugeValue, age.Seconds())
 }

@@ -165,6 +165,9 @@ type Stats struct {
 	// (QuarantineReapAfter); Scrubbed those the operator's
 	// ScrubQuarantined freed.
 	Reaped, Scrubbed uint64
+	// QueueWait is how long requests waited in their queue before they
+	// first ran.
+	QueueWait QueueWait
 }
 
 // Core is the deterministic scheduler: request lifecycle, admission
@@ -601,6 +604,7 @@ func (c *Core) schedule() *Batch {
 		r.seq, r.pages, r.computed = seq, seq.NumPages(), cached
 		if r.preemptions == 0 {
 			r.cached = cached
+			c.stats.QueueWait.observe(c.now.Sub(r.enqueued))
 		}
 		t.pages += r.pages
 		t.running++
