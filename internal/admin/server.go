@@ -61,6 +61,12 @@ type Config struct {
 	// Reload, if set, is POST /admin/api/reload: read the tenant config
 	// file again (what SIGHUP does) and report what changed.
 	Reload func(ctx context.Context) (changes []string, err error)
+	// Drain, if set, is POST /admin/api/drain (on) and
+	// /admin/api/undrain (off): stop taking new work while what runs
+	// goes on, or take it again. It reports whether the drain was on.
+	// Draining reports it for GET /admin/api/drain.
+	Drain    func(on bool) (was bool)
+	Draining func() bool
 }
 
 // Server serves the admin page, its JSON API and its event stream.
@@ -136,6 +142,13 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Reload != nil {
 		s.mux.HandleFunc("POST /admin/api/reload", s.reload)
+	}
+	if cfg.Drain != nil && cfg.Draining != nil {
+		s.mux.HandleFunc("GET /admin/api/drain", func(w http.ResponseWriter, r *http.Request) {
+			writeJSON(w, DrainResult{Draining: cfg.Draining()})
+		})
+		s.mux.HandleFunc("POST /admin/api/drain", s.drain(true))
+		s.mux.HandleFunc("POST /admin/api/undrain", s.drain(false))
 	}
 	return s, nil
 }
@@ -413,6 +426,29 @@ func (s *Server) scrub(w http.ResponseWriter, r *http.Request) {
 	s.last = nil // the next state shows the freed pages
 	s.mu.Unlock()
 	writeJSON(w, ScrubResult{Scrubbed: n})
+}
+
+// DrainResult is the body of /admin/api/drain and /admin/api/undrain.
+type DrainResult struct {
+	Draining bool `json:"draining"`
+	Was      bool `json:"was"`
+}
+
+// drain is POST /admin/api/drain (on) or /admin/api/undrain: a change, so
+// Bearer only, and an audit event with the caller's address.
+func (s *Server) drain(on bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !requireBearer(w, r) {
+			return
+		}
+		was := s.cfg.Drain(on)
+		msg := "admin: draining: new requests are refused, running ones go on"
+		if !on {
+			msg = "admin: undrained: new requests are taken again"
+		}
+		s.audit(slog.LevelWarn, msg, map[string]string{"was": strconv.FormatBool(was), "remote": r.RemoteAddr})
+		writeJSON(w, DrainResult{Draining: on, Was: was})
+	}
 }
 
 // EventList is the body of /admin/api/events.

@@ -35,6 +35,10 @@ type adminFlags struct {
 	ring   *admin.Ring
 	// reload, set by serve, is the admin API's reload: SIGHUP's.
 	reload func(ctx context.Context) ([]string, error)
+	// drain and draining, set by serve, are the admin API's drain: the
+	// gateway's SetDraining and Draining.
+	drain    func(on bool) bool
+	draining func() bool
 }
 
 func (f *adminFlags) register(c *cobra.Command) {
@@ -146,6 +150,7 @@ func (f *adminFlags) startNamed(cmd *cobra.Command, cfg *tenants.Config, reg *te
 		acfg.Tenants = reg.Tenants
 	}
 	acfg.Reload = f.reload
+	acfg.Drain, acfg.Draining = f.drain, f.draining
 	srv, err := admin.New(acfg)
 	if err != nil {
 		return nil, err
@@ -183,6 +188,8 @@ PAGEWARDEN_ADMIN_KEY.`,
 		{"scrub", "scrub and free every quarantined KV page (as SIGUSR1 does) and print how many", "POST", "/admin/api/scrub"},
 		{"config", "the tenant configuration in force: ids, limits, how many keys (never the hashes)", "GET", "/admin/api/config"},
 		{"reload", "read the tenant config file again (as SIGHUP does) and print what changed", "POST", "/admin/api/reload"},
+		{"drain", "stop taking new requests (503, /readyz 503) while running ones finish; undrain takes them again", "POST", "/admin/api/drain"},
+		{"undrain", "take new requests again after a drain", "POST", "/admin/api/undrain"},
 	} {
 		var url, key, ca, state string
 		sub := &cobra.Command{

@@ -263,6 +263,7 @@ that long.`,
 			}
 			defer stopMetrics()
 			af.reload = func(context.Context) ([]string, error) { return reloadTenants(srv, configPath, logger) }
+			af.drain, af.draining = srv.SetDraining, srv.Draining
 			stopAdmin, err := af.start(cmd, tcfg, policies, backend, tlsCfg, logger)
 			if err != nil {
 				return err

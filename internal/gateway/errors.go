@@ -111,6 +111,8 @@ var (
 		Message: "Incorrect or missing API key. Send it as 'Authorization: Bearer KEY'."}
 	errDraining = &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "shutting_down",
 		Message: "The server is shutting down; retry on another instance.", RetryAfter: time.Second}
+	errPaused = &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "draining",
+		Message: "The server is draining for maintenance; retry on another instance.", RetryAfter: time.Second}
 	errOverloaded = &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "overloaded",
 		Message: "The server is overloaded; retry later.", RetryAfter: time.Second}
 )

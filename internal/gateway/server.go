@@ -91,6 +91,7 @@ type Server struct {
 	stop     context.Context
 	stopNow  context.CancelFunc
 	inflight atomic.Int64 // generation requests submitted
+	paused   atomic.Bool  // the operator's drain (SetDraining)
 	audit    *auditor
 
 	httpSrv *http.Server
@@ -313,8 +314,20 @@ func (s *Server) Shutdown(ctx context.Context) error {
 func (s *Server) isDraining() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.draining
+	return s.draining || s.paused.Load()
 }
+
+// SetDraining turns the operator's drain on or off (the admin API's drain
+// and undrain) and reports whether it was on. While it is on, /readyz
+// answers 503, so that a load balancer or Kubernetes sends no new work,
+// and new generation requests that still arrive get a 503 with
+// Retry-After; requests in progress go on, and nothing else changes:
+// undrain takes new work again at once. Shutdown's drain is separate and
+// final.
+func (s *Server) SetDraining(on bool) (was bool) { return s.paused.Swap(on) }
+
+// Draining reports whether the operator's drain is on.
+func (s *Server) Draining() bool { return s.paused.Load() }
 
 // begin registers a handler as active unless the server is draining.
 func (s *Server) begin() bool {
@@ -393,6 +406,10 @@ func (s *Server) handle(endpoint string, auth bool, h func(*call) *apiError) htt
 				return
 			}
 			c.tenant = t
+		}
+		if s.paused.Load() && (endpoint == "chat" || endpoint == "completions") {
+			c.fail(errPaused)
+			return
 		}
 		if e := h(c); e != nil {
 			c.fail(e)
@@ -484,7 +501,7 @@ func (c *call) done() {
 	}
 	level := slog.LevelInfo
 	switch {
-	case c.code == "overloaded" || c.code == "shutting_down":
+	case c.code == "overloaded" || c.code == "shutting_down" || c.code == "draining":
 		// Load shedding and draining work as designed: an operator
 		// watches their rate, not an error log line per refusal.
 		level = slog.LevelWarn
