@@ -46,6 +46,7 @@ if ! command -v chromium >/dev/null 2>&1 && [ -z "${PAGEWARDEN_CHROMIUM:-}" ]; t
 fi
 if command -v promtool >/dev/null 2>&1; then
   promtool check rules deploy/monitoring/alerts.yml
+  promtool test rules deploy/monitoring/alerts_test.yml
 else
   echo "note: promtool not found; the alert rules are checked only by deploy/monitoring's Go test"
 fi
