@@ -361,22 +361,35 @@ func (c *call) relay(st Stream, owner request.Owner, g *genParams, resp responde
 		s.m.ownerMismatch.Inc()
 		return internalError(fmt.Errorf("%w: %s for %v on the connection of %v", ErrOwnerMismatch, what, got, owner))
 	}
+	// clientGone ends a request whose client left (or whose drain
+	// deadline passed): the request is aborted at the backend, and there
+	// is nobody to answer.
+	clientGone := func() *apiError {
+		res := abortWait()
+		c.cachedTokens = res.Usage.CachedTokens
+		if s.stop.Err() != nil {
+			return backendError(ErrDraining)
+		}
+		// 499 is nginx's "client closed request", used only in logs and
+		// metrics.
+		c.status, c.finish, c.err = statusClientClosed, "client_closed", c.ctx.Err()
+		return nil
+	}
 	stopped := false
 loop:
 	for {
 		select {
 		case <-c.ctx.Done():
-			res := abortWait()
-			c.cachedTokens = res.Usage.CachedTokens
-			if s.stop.Err() != nil {
-				return count, backendError(ErrDraining)
-			}
-			// The client is gone: nobody to answer. 499 is nginx's
-			// "client closed request", used only in logs and metrics.
-			c.status, c.finish, c.err = statusClientClosed, "client_closed", c.ctx.Err()
-			return count, nil
+			return count, clientGone()
 		case tok, ok := <-tokens:
 			if !ok {
+				if c.ctx.Err() != nil {
+					// A backend closes the stream when the request's
+					// context ends, and select may see that before the
+					// context itself: the client left; the tokens it
+					// did not take are not a broken stream.
+					return count, clientGone()
+				}
 				break loop
 			}
 			if tok.Owner != owner {

@@ -1,0 +1,140 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
+	"github.com/pagewarden/pagewarden/internal/link"
+	"github.com/pagewarden/pagewarden/internal/probe"
+	"github.com/pagewarden/pagewarden/internal/transfer"
+)
+
+// soakEnv sets the canary soak's canary trials per tenant (default 12 in
+// the normal suite; PAGEWARDEN_SOAK=500 is a long run on demand).
+const soakEnv = "PAGEWARDEN_SOAK"
+
+// TestCanarySoak is the canary soak against the real multi-process system:
+// a gateway replaying every answer (--audit-rate 1), two prefill and two
+// decode nodes as OS processes on loopback with mutual TLS, eight tenants,
+// and the black-box probe's whole run against it — canaries in concurrent
+// copy tasks, window boundaries, an abort storm, determinism under load,
+// prefix-cache isolation, error hygiene and overload. It must end with no
+// failed check and no foreign canary, the replay audit finding nothing,
+// every must-be-zero counter at 0, and every node's pages back to
+// baseline.
+func TestCanarySoak(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts five processes and runs the probe")
+	}
+	trials := 12
+	if v := os.Getenv(soakEnv); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("%s=%q: want a positive number of trials per tenant", soakEnv, v)
+		}
+		trials = n
+	}
+	dir := t.TempDir()
+	writeCerts(t, dir,
+		link.Identity{Name: "gw", Role: transfer.RoleGateway},
+		link.Identity{Name: "p0", Role: transfer.RolePrefill}, link.Identity{Name: "p1", Role: transfer.RolePrefill},
+		link.Identity{Name: "d0", Role: transfer.RoleDecode}, link.Identity{Name: "d1", Role: transfer.RoleDecode})
+	var keys []string
+	var cfg strings.Builder
+	cfg.WriteString("tenants:\n")
+	for i := range 8 {
+		k := fmt.Sprintf("soak-key-%d-%x", i, time.Now().UnixNano())
+		keys = append(keys, k)
+		fmt.Fprintf(&cfg, "  - id: t%d\n    api_key_sha256: [\"%s\"]\n    limits: {max_concurrent: 6}\n", i, tenants.HashKey(k))
+	}
+	config := filepath.Join(dir, "tenants.yaml")
+	if err := os.WriteFile(config, []byte(cfg.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	common := []string{"--model", "builtin:tiny", "--threads", "1", "--kv-memory", "16MiB", "--max-context", "256", "--tls-ca", filepath.Join(dir, "ca.pem")}
+	ident := func(name string) []string {
+		return []string{"--name", name, "--tls-cert", filepath.Join(dir, name+".pem"), "--tls-key", filepath.Join(dir, name+"-key.pem")}
+	}
+	node := func(role, name string, extra ...string) *proc {
+		args := append(append(append([]string{role}, common...), ident(name)...), "--link-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0")
+		return startProc(t, name, append(args, extra...)...)
+	}
+	linked := `linked on (127\.0\.0\.1:\d+)`
+	metricsAt := `metrics on http://(127\.0\.0\.1:\d+)/metrics`
+	d0, d1 := node("decode", "d0"), node("decode", "d1")
+	decodes := "d0=" + d0.await(t, linked) + ",d1=" + d1.await(t, linked)
+	p0, p1 := node("prefill", "p0", "--decode", decodes), node("prefill", "p1", "--decode", decodes)
+	prefills := "p0=" + p0.await(t, linked) + ",p1=" + p1.await(t, linked)
+	gw := startProc(t, "gw", append(append(append([]string{"gateway"}, common...), ident("gw")...),
+		"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--audit-rate", "1", "--config", config,
+		"--prefill", prefills, "--decode", decodes)...)
+	url := "http://" + gw.await(t, `listening on http://(127\.0\.0\.1:\d+)`)
+
+	var progress bytes.Buffer
+	r, err := probe.Run(context.Background(), probe.Config{URL: url, Keys: keys, Trials: trials, Progress: &progress})
+	if err != nil {
+		t.Fatalf("probe: %v\n%s", err, progress.String())
+	}
+	for _, c := range r.Checks {
+		if c.Verdict == probe.Fail {
+			t.Errorf("probe check %s failed: %+v", c.Name, c)
+		}
+	}
+	if r.Leak.Leaks != 0 || r.Leak.Trials < 8*trials {
+		t.Errorf("canaries: %+v, want no leak over at least %d trials", r.Leak, 8*trials)
+	}
+	t.Logf("probe: %d requests in %.1fs; leak %d/%d, 95%% upper bound %.4f", r.Requests, r.Seconds, r.Leak.Leaks, r.Leak.Trials, r.Leak.Upper95)
+
+	// The replays run after the answers they check: wait until they stop.
+	gwMetrics := gw.await(t, metricsAt)
+	labelled := func(addr, name, label string) float64 {
+		v, _ := strconv.ParseFloat(metric(t, addr, name+"{"+label+"}"), 64)
+		return v
+	}
+	deadline := time.Now().Add(3 * time.Minute)
+	for last, still := -1.0, 0; still < 20; time.Sleep(100 * time.Millisecond) {
+		n := labelled(gwMetrics, "pagewarden_audit_replays_total", `result="match"`) + labelled(gwMetrics, "pagewarden_audit_replays_total", `result="mismatch"`) +
+			labelled(gwMetrics, "pagewarden_audit_replays_total", `result="failed"`)
+		if n != last {
+			last, still = n, 0
+		} else {
+			still++
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the replays did not settle")
+		}
+	}
+	match, dropped := labelled(gwMetrics, "pagewarden_audit_replays_total", `result="match"`), labelled(gwMetrics, "pagewarden_audit_replays_total", `result="dropped"`)
+	if v := metric(t, gwMetrics, "pagewarden_audit_mismatches_total"); v != "0" || match < float64(8*trials)/2 {
+		t.Errorf("replay audit: %s mismatches, %v matches, %v dropped; want 0 mismatches and most answers replayed", v, match, dropped)
+	}
+	t.Logf("replay audit: %v answers replayed, all matching; %v dropped (queue full)", match, dropped)
+	for _, name := range []string{"pagewarden_response_owner_mismatch_total", "pagewarden_gateway_inconsistent_results_total", "pagewarden_gateway_stream_contract_violations_total"} {
+		if v := metric(t, gwMetrics, name); v != "0" {
+			t.Errorf("gateway %s = %s", name, v)
+		}
+	}
+	for _, n := range []*proc{d0, d1, p0, p1} {
+		addr := n.await(t, metricsAt)
+		deadline := time.Now().Add(30 * time.Second)
+		for metric(t, addr, "pagewarden_kv_pages_used") != "0" || metric(t, addr, "pagewarden_kv_pages_quarantined") != "0" {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %s pages used, %s quarantined", n.name, metric(t, addr, "pagewarden_kv_pages_used"), metric(t, addr, "pagewarden_kv_pages_quarantined"))
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		for _, name := range []string{"pagewarden_isolation_violations_total", "pagewarden_aborted_but_completed_total", "pagewarden_sched_owner_mismatches_total", "pagewarden_invariant_violations_total"} {
+			if v := metric(t, addr, name); v != "0" {
+				t.Errorf("%s: %s = %s", n.name, name, v)
+			}
+		}
+	}
+}
