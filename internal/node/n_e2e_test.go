@@ -606,3 +606,55 @@ func TestE2ENPreemption(t *testing.T) {
 	}
 	s.checkMustBeZero()
 }
+
+// BenchmarkNChoices: four sampled answers to one long prompt on
+// builtin:135m-q8_0 (serve's defaults: prefix cache on), as one n = 4
+// request (the fan-out: the prompt computed once, the siblings attaching
+// its pages) and as four concurrent single requests with distinct cache
+// salts (the prompt computed four times). Each iteration uses a fresh
+// salt, so the first computation is always a miss. Reports the prompt
+// tokens computed per request (prompt tokens less the node's prefix-cache
+// hits).
+//
+//	go test -run '^$' -bench BenchmarkNChoices -benchtime 3x ./internal/node
+func BenchmarkNChoices(b *testing.B) {
+	s := startE2E(b, e2eConfig{model: "135m-q8_0", node: benchNodeOptions(), direct: true, scrubAsGiven: true})
+	prompt := strings.Repeat("Summarise the following notes about the meeting. ", 12)
+	page := s.node.Limits().PageSize
+	const n, maxTokens = 4, 8
+	for _, mode := range []string{"fanout-n4", "four-singles"} {
+		b.Run(mode, func(b *testing.B) {
+			hits := s.stats().Pool.PrefixHitPages
+			promptTokens := 0
+			for it := range b.N {
+				body := map[string]any{"prompt": prompt, "max_tokens": maxTokens, "temperature": 1, "seed": 1}
+				salt := fmt.Sprintf("%s-%d", mode, it)
+				if mode == "fanout-n4" {
+					var r nBody
+					s.postOK(e2eKeyA, "/v1/completions", withBody(body, "n", n, "cache_salt", salt), &r)
+					if len(r.Choices) != n {
+						b.Fatalf("%d choices", len(r.Choices))
+					}
+					promptTokens += n * r.Usage.PromptTokens
+					continue
+				}
+				var wg sync.WaitGroup
+				var mu sync.Mutex
+				for i := range n {
+					wg.Go(func() {
+						var r nBody
+						s.postOK(e2eKeyA, "/v1/completions", withBody(body, "seed", 1+i, "cache_salt", fmt.Sprint(salt, "-", i)), &r)
+						mu.Lock()
+						promptTokens += r.Usage.PromptTokens
+						mu.Unlock()
+					})
+				}
+				wg.Wait()
+			}
+			b.StopTimer()
+			s.waitAllFree()
+			saved := int(s.stats().Pool.PrefixHitPages-hits) * page
+			b.ReportMetric(float64(promptTokens-saved)/float64(b.N), "prompt-tokens-computed/op")
+		})
+	}
+}
