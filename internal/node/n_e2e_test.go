@@ -356,11 +356,17 @@ func TestE2ENTenants(t *testing.T) {
 	base := map[string]any{"prompt": nPrompt, "max_tokens": 4, "temperature": 0, "n": 2, "cache_salt": "x"}
 	s.postN(e2eKeyA, "/v1/completions", base, 2)
 	s.waitAllFree()
-	// ... b's child 0 misses it (its siblings hit b's own, just published)
-	if r := s.postN(e2eKeyB, "/v1/completions", base, 2); r.Usage.cached() != 0 {
+	// ... b's child 0 misses it, and its sibling hits b's own pages, just
+	// published, never a's: the node counts one sibling's worth of hits.
+	hits := s.stats().Pool.PrefixHitPages
+	r := s.postN(e2eKeyB, "/v1/completions", base, 2)
+	if r.Usage.cached() != 0 {
 		t.Errorf("tenant b: cached_tokens %d on tenant a's prompt and salt, want 0", r.Usage.cached())
 	}
 	s.waitAllFree()
+	if got, want := s.stats().Pool.PrefixHitPages-hits, uint64((r.Usage.PromptTokens-1)/s.node.Limits().PageSize); got != want {
+		t.Errorf("tenant b's two choices hit %d prefix pages, want %d (the sibling's, on b's own pages)", got, want)
+	}
 	// ... and a's repeat hits: the check above can fail.
 	if r := s.postN(e2eKeyA, "/v1/completions", base, 2); r.Usage.cached() == 0 {
 		t.Errorf("tenant a's repeat: no cached tokens; the control would not see a cross-tenant hit")
