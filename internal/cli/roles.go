@@ -435,6 +435,7 @@ func gatewayCmd() *cobra.Command {
 	var drain time.Duration
 	var maxBody int64
 	var auditRate float64
+	var auditQueue int
 	var apiKey string // --api-key (common.go)
 	var sf servedFlags
 	var tf apiTLSFlags // apitls.go
@@ -517,7 +518,7 @@ tokenizes, and its limits must equal theirs: the handshake refuses a mismatch).`
 			defer cancel()
 			routed := make(chan error, 1)
 			go func() { routed <- rt.Run(ctx) }()
-			srv, err := gateway.New(gateway.Config{Backend: rt, Tenants: tcfg, Logger: logger, MaxBodyBytes: maxBody, AuditRate: auditRate})
+			srv, err := gateway.New(gateway.Config{Backend: rt, Tenants: tcfg, Logger: logger, MaxBodyBytes: maxBody, AuditRate: auditRate, AuditQueue: auditQueue})
 			if err != nil {
 				return err
 			}
@@ -576,5 +577,6 @@ tokenizes, and its limits must equal theirs: the handshake refuses a mismatch).`
 	c.Flags().Int64Var(&maxBody, "max-body-bytes", gateway.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")
 	c.Flags().Float64Var(&auditRate, "audit-rate", defaultAuditRate,
 		"fraction of successful answers generated again on fresh pages (as the reserved tenant _audit, at the lowest priority) and compared token for token; a difference counts pagewarden_audit_mismatches_total and logs an ERROR (0 turns it off)")
+	c.Flags().IntVar(&auditQueue, "audit-queue", 64, "replays that may wait to run; beyond it they are dropped (counted in pagewarden_audit_replays_total{result=\"dropped\"})")
 	return c
 }

@@ -139,6 +139,7 @@ func serveCmd() *cobra.Command {
 	var logPrompts, metricsOnAPI bool
 	var maxBody int64
 	var auditRate float64
+	var auditQueue int
 	var reapAfter time.Duration
 	var colocated bool
 	var af adminFlags  // admin.go
@@ -250,7 +251,7 @@ that long.`,
 				register = func(r prometheus.Registerer) error { return r.Register(n.Collector()) }
 			}
 			srv, err := gateway.New(gateway.Config{Backend: backend, Registry: policies, Logger: logger, LogPrompts: logPrompts, MaxBodyBytes: maxBody,
-				MetricsOnAPI: metricsOnAPI, AuditRate: auditRate})
+				MetricsOnAPI: metricsOnAPI, AuditRate: auditRate, AuditQueue: auditQueue})
 			if err != nil {
 				return err
 			}
@@ -329,6 +330,7 @@ that long.`,
 	c.Flags().Int64Var(&maxBody, "max-body-bytes", gateway.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")
 	c.Flags().Float64Var(&auditRate, "audit-rate", defaultAuditRate,
 		"fraction of successful answers generated again on fresh pages (as the reserved tenant _audit, at the lowest priority) and compared token for token; a difference counts pagewarden_audit_mismatches_total and logs an ERROR (0 turns it off)")
+	c.Flags().IntVar(&auditQueue, "audit-queue", 64, "replays that may wait to run; beyond it they are dropped (counted in pagewarden_audit_replays_total{result=\"dropped\"})")
 	c.Flags().BoolVar(&colocated, "colocated", false,
 		"run one node (one engine and KV pool, no handoff) instead of a prefill and a decode node: less memory, but long prompts stall running streams")
 	c.Flags().DurationVar(&reapAfter, "quarantine-reap-after", 0, "scrub and free KV pages quarantined after a violation once they have been quarantined this long (0: only on SIGUSR1)")

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -39,8 +40,8 @@ const AuditTenant request.Tenant = "_audit"
 // auditPriority is below any tenant's (tenants.Limits.Priority is small).
 const auditPriority = math.MinInt32
 
-// auditQueue bounds the replays waiting to run.
-const auditQueue = 64
+// defaultAuditQueue bounds the replays waiting to run (Config.AuditQueue).
+const defaultAuditQueue = 64
 
 // auditJob is one answer to replay: the request as it was submitted, and
 // the tokens the client received.
@@ -64,8 +65,8 @@ type auditor struct {
 	done func(result string)
 }
 
-func newAuditor(s *Server, rate float64) *auditor {
-	a := &auditor{s: s, rate: rate, jobs: make(chan auditJob, auditQueue)}
+func newAuditor(s *Server, rate float64, queue int) *auditor {
+	a := &auditor{s: s, rate: rate, jobs: make(chan auditJob, cmp.Or(queue, defaultAuditQueue))}
 	a.replays = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pagewarden_audit_replays_total",
 		Help: "Replay audits by result: match, mismatch, failed (the replay did not complete), dropped (the queue was full).",

@@ -19,6 +19,9 @@ func TestAuditRateRefused(t *testing.T) {
 			t.Errorf("AuditRate %g: err %v, want a refusal naming the audit rate", rate, err)
 		}
 	}
+	if _, err := gateway.New(gateway.Config{Backend: gatewaytest.NewFake(), Tenants: testTenants(tenants.Limits{}, tenants.Limits{}), AuditQueue: -1}); err == nil || !strings.Contains(err.Error(), "audit queue") {
+		t.Errorf("AuditQueue -1: err %v, want a refusal naming the audit queue", err)
+	}
 	for _, rate := range []float64{0, 0.01, 1} {
 		if _, err := gateway.New(gateway.Config{Backend: gatewaytest.NewFake(), Tenants: testTenants(tenants.Limits{}, tenants.Limits{}), AuditRate: rate}); err != nil {
 			t.Errorf("AuditRate %g: %v", rate, err)

@@ -61,6 +61,9 @@ type Config struct {
 	// again on fresh pages and compared token for token (audit.go); 0
 	// turns the replay audit off.
 	AuditRate float64
+	// AuditQueue bounds the replays waiting to run (default 64); beyond
+	// it they are dropped and counted.
+	AuditQueue int
 }
 
 // Server is the OpenAI-compatible HTTP gateway. It is an http.Handler; Serve
@@ -137,6 +140,9 @@ func New(cfg Config) (*Server, error) {
 	if !(cfg.AuditRate >= 0 && cfg.AuditRate <= 1) {
 		return nil, fmt.Errorf("gateway: audit rate %g: want a fraction between 0 and 1", cfg.AuditRate)
 	}
+	if cfg.AuditQueue < 0 || cfg.AuditQueue > 1<<20 {
+		return nil, fmt.Errorf("gateway: audit queue %d: want 0 (the default, %d) to %d replays", cfg.AuditQueue, defaultAuditQueue, 1<<20)
+	}
 	s := &Server{
 		cfg: cfg, backend: cfg.Backend, limits: lim, reg: reg,
 		m: newMetrics(cfg.Backend), log: cfg.Logger, now: cfg.Now,
@@ -150,7 +156,7 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	s.routes()
-	s.audit = newAuditor(s, cfg.AuditRate)
+	s.audit = newAuditor(s, cfg.AuditRate, cfg.AuditQueue)
 	s.m.reg.MustRegister(s.audit.replays, s.audit.mismatches)
 	return s, nil
 }
