@@ -32,6 +32,7 @@ type Vocabulary interface {
 	BOS() int
 	EOS() int
 	IsEOG(id int) bool
+	FIM() (pre, suf, mid int, ok bool)
 }
 
 // RouterConfig configures the gateway's side.

@@ -136,6 +136,7 @@ type genParams struct {
 	maxTokens    int    // 0: fill the window; else in [1, maxMaxTokens]
 	n            int    // choices per prompt, in [1, maxN]
 	echo         bool   // completions: the prompt before each choice's text
+	suffix       string // completions: the text after the gap to fill (fim.go)
 	maxParam     string // the field maxTokens came from
 	sampling     request.Sampling
 	stop         []string
@@ -608,6 +609,13 @@ func parseCompletion(body []byte) (genParams, []promptInput, *apiError) {
 	if !isNull(req.Echo) {
 		if err := json.Unmarshal(req.Echo, &g.echo); err != nil {
 			e := badRequest("echo", "Invalid type for 'echo': expected a boolean.")
+			e.Code, e.Err = "invalid_type", err
+			return g, nil, e
+		}
+	}
+	if !isNull(req.Suffix) {
+		if err := json.Unmarshal(req.Suffix, &g.suffix); err != nil {
+			e := badRequest("suffix", "Invalid type for 'suffix': expected a string or null.")
 			e.Code, e.Err = "invalid_type", err
 			return g, nil, e
 		}

@@ -51,7 +51,8 @@
 //	                           named function), parallel_tool_calls (false:
 //	                           "auto" keeps the first call)
 //	honoured, completions      prompt (text or token ids; a list of either
-//	                           is a batch), echo
+//	                           is a batch), echo, suffix (fill-in-the-middle
+//	                           with the model's FIM tokens, fim.go)
 //	accepted (no effect)       user; chat: metadata (≤ 16 pairs),
 //	                           prompt_cache_key, prompt_cache_retention,
 //	                           safety_identifier
@@ -62,8 +63,10 @@
 //	                           verbosity, web_search_options, service_tier
 //	                           ("auto", "default"), store (false: stored
 //	                           completions cannot be read back here);
-//	                           completions: logprobs, best_of (1),
-//	                           suffix ("")
+//	                           completions: logprobs, best_of (1);
+//	                           suffix with a model that has no
+//	                           fill-in-the-middle tokens (fim.go), or with
+//	                           a prompt of token ids
 //	refused (vLLM, llama.cpp)  guided_regex, guided_choice,
 //	                           guided_grammar, guided_decoding_backend,
 //	                           guided_whitespace_pattern, structured_outputs,

@@ -147,11 +147,12 @@ var chatFields = concat(sharedFields,
 var completionFields = concat(sharedFields,
 	// A list of prompts is a batch, echo prepends each choice's prompt
 	// (both by the fan-out, fanout.go).
-	honour("prompt", "echo"),
+	// suffix: fill-in-the-middle, with a model that has the tokens for
+	// it (fim.go; refused with one that has not).
+	honour("prompt", "echo", "suffix"),
 	[]knownField{
 		refuse("logprobs", "'logprobs'"),
 		refuse("best_of", "'best_of' other than 1", "1"),
-		refuse("suffix", "'suffix'", `""`),
 	},
 )
 

@@ -55,6 +55,15 @@ func (s *Server) completions(c *call) *apiError {
 	if e := c.checkModel(g.model); e != nil {
 		return e
 	}
+	fim, e := s.fillInTheMiddle(g.suffix)
+	if e != nil {
+		return e
+	}
+	for _, p := range ps {
+		if fim != nil && p.hasIDs {
+			return badRequest("suffix", "'suffix' with a prompt of token ids: send the prompt as text, so that the fill-in-the-middle markers go around it.")
+		}
+	}
 	prompts := make([][]int, len(ps))
 	texts := make([]string, len(ps))
 	for k, p := range ps {
@@ -70,6 +79,9 @@ func (s *Server) completions(c *call) *apiError {
 			continue
 		}
 		ids, err := s.backend.Tokenize(p.text, true, true)
+		if fim != nil {
+			ids, err = fim(p.text)
+		}
 		if err != nil {
 			return internalError(fmt.Errorf("tokenize prompt: %w", err))
 		}

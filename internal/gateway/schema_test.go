@@ -295,7 +295,14 @@ var completionCases = []fieldCase{
 	{field: "echo", use: "honoured", value: true,
 		check: both(moves(func(*request.Params) {}), replies("Hi"+gatewaytest.DefaultReply, "stop"))},
 	refusedField("best_of", 2, 1),
-	refusedField("suffix", "end", ""),
+	// The prompt wrapped in the fill-in-the-middle markers, the suffix
+	// after it.
+	{field: "suffix", use: "honoured", value: "end", check: func(t *testing.T, _, p request.Params, _ response) {
+		want := []int{gatewaytest.BOS, 200, b('H'), b('i'), 201, b('e'), b('n'), b('d'), 202}
+		if !slices.Equal(p.Prompt, want) {
+			t.Errorf("prompt %v, want %v", p.Prompt, want)
+		}
+	}},
 }
 
 // TestRequestSchema goes through every known field of both endpoints: the
@@ -336,7 +343,12 @@ func TestRequestSchema(t *testing.T) {
 				}
 			}
 
-			h := newHarness(t, nil)
+			// The fake's model has fill-in-the-middle tokens, so that
+			// suffix can show its effect (without them it is refused:
+			// TestSuffix).
+			fake := gatewaytest.NewFake()
+			fake.FIMTokens = []int{200, 201, 202}
+			h := newHarness(t, fake)
 			post := func(t *testing.T, body map[string]any, submits ...int) (response, request.Params) {
 				t.Helper()
 				before := h.fake.Submits()

@@ -85,6 +85,13 @@ func (v Vocab) EOS() int { return v.model.Tokenizer.EOS() }
 // IsEOG implements gateway.Backend.
 func (v Vocab) IsEOG(id int) bool { return v.model.Tokenizer.IsEOG(id) }
 
+// FIM returns the model's fill-in-the-middle tokens
+// (gateway.FillInTheMiddle).
+func (v Vocab) FIM() (pre, suf, mid int, ok bool) {
+	f, ok := v.model.Tokenizer.FIM()
+	return f.Pre, f.Suf, f.Mid, ok
+}
+
 // PlanHandoff is what a node started on m with o would advertise to its
 // peers, computed without allocating anything: the KV layout of the
 // handoff and the served limits. A gateway in its own process uses it to

@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"cmp"
 	"fmt"
 
 	"github.com/pagewarden/pagewarden/internal/gguf"
@@ -115,6 +116,10 @@ func VocabFromGGUF(f *gguf.File) (Vocab, error) {
 	v.PAD = id("tokenizer.ggml.padding_token_id")
 	v.EOT = id("tokenizer.ggml.eot_token_id")
 	v.EOM = id("tokenizer.ggml.eom_token_id")
+	// The FIM keys, under today's names or llama.cpp's older ones.
+	v.FIMPre = cmp.Or(id("tokenizer.ggml.fim_pre_token_id"), id("tokenizer.ggml.prefix_token_id"))
+	v.FIMSuf = cmp.Or(id("tokenizer.ggml.fim_suf_token_id"), id("tokenizer.ggml.suffix_token_id"))
+	v.FIMMid = cmp.Or(id("tokenizer.ggml.fim_mid_token_id"), id("tokenizer.ggml.middle_token_id"))
 	v.AddBOS = flag("tokenizer.ggml.add_bos_token")
 	v.AddEOS = flag("tokenizer.ggml.add_eos_token")
 	v.AddSpacePrefix = flag("tokenizer.ggml.add_space_prefix")

@@ -70,6 +70,7 @@ type Vocab struct {
 	Merges []string  // tokenizer.ggml.merges, "left right", best first (BPE)
 
 	BOS, EOS, UNK, PAD, EOT, EOM   *int // tokenizer.ggml.*_token_id
+	FIMPre, FIMSuf, FIMMid         *int // tokenizer.ggml.fim_{pre,suf,mid}_token_id (fim.go)
 	AddBOS, AddEOS, AddSpacePrefix *bool
 }
 
@@ -83,7 +84,9 @@ type Tokenizer struct {
 	ids    map[string]int32
 	pieces [][]byte // Piece of each id, precomputed
 
-	bos, eos, unk int // -1: none
+	bos, eos, unk int  // -1: none
+	fim           FIM  // fim.go
+	hasFIM        bool // fim holds a complete set
 	eog           []bool
 	addBOS        bool
 	addEOS        bool
@@ -225,6 +228,7 @@ func New(v Vocab) (*Tokenizer, error) {
 	t.markEOG(eot, eom)
 	t.setStripFlags(v)
 	t.finish()
+	t.setFIM(v)
 	return t, nil
 }
 

@@ -74,6 +74,9 @@ type Fake struct {
 	PageSize int
 	Pages    int    // pool size, for PoolStats
 	Template string // chat template; "" means none
+	// FIMTokens, when three ids, are the fill-in-the-middle tokens the
+	// fake's model offers (gateway.FillInTheMiddle); otherwise none.
+	FIMTokens []int
 	// Behave picks the behaviour of each request; nil means defaults.
 	Behave func(p request.Params) Behavior
 
@@ -88,9 +91,18 @@ type Fake struct {
 }
 
 var (
-	_ gateway.Backend     = (*Fake)(nil)
-	_ gateway.StatsSource = (*Fake)(nil)
+	_ gateway.Backend         = (*Fake)(nil)
+	_ gateway.StatsSource     = (*Fake)(nil)
+	_ gateway.FillInTheMiddle = (*Fake)(nil)
 )
+
+// FIM returns FIMTokens (gateway.FillInTheMiddle).
+func (f *Fake) FIM() (pre, suf, mid int, ok bool) {
+	if len(f.FIMTokens) != 3 {
+		return 0, 0, 0, false
+	}
+	return f.FIMTokens[0], f.FIMTokens[1], f.FIMTokens[2], true
+}
 
 // ErrUnknownToken is returned by Detokenize for ids outside the vocabulary.
 var ErrUnknownToken = errors.New("gatewaytest: unknown token id")
