@@ -291,8 +291,23 @@ func makeQX(nmax int32, x []float32, L []int8) float32 {
 // eight groups of 32, each with a 6-bit scale and 6-bit min relative to the
 // block's fp16 d and dmin.
 func quantBlockQ4_K(x []float32, blk []byte) {
+	var L [QK_K]uint8
+	quantScaleMinK(x, blk, &L, 15, -1, 20)
+	q := blk[16:144]
+	for j := 0; j < QK_K; j += 64 {
+		for l := 0; l < 32; l++ {
+			q[j/2+l] = L[j+l] | L[j+l+32]<<4
+		}
+	}
+}
+
+// quantScaleMinK is what ggml's quantize_row_q4_K_ref and _q5_K_ref share
+// for one super-block: fit each group of 32 a scale and a min
+// (make_qkx2_quants with levels 0..nmax, rmin and nstep), write the block's
+// fp16 d and dmin and the 6-bit scales and mins (blk[0:16], the layout of
+// both types), and set L to each value's level against the rounded scales.
+func quantScaleMinK(x []float32, blk []byte, L *[QK_K]uint8, nmax int32, rmin float32, nstep int) {
 	var (
-		L       [QK_K]uint8
 		laux    [32]uint8
 		weights [32]float32
 		mins    [8]float32
@@ -309,7 +324,7 @@ func quantBlockQ4_K(x []float32, blk []byte) {
 		for l, v := range g {
 			weights[l] = avX + abs32(v)
 		}
-		scales[j], mins[j] = makeQKX2(15, g, weights[:], L[32*j:32*j+32], laux[:], -1, 0.1, 20, false)
+		scales[j], mins[j] = makeQKX2(nmax, g, weights[:], L[32*j:32*j+32], laux[:], rmin, 0.1, nstep, false)
 		maxScale = max(maxScale, scales[j])
 		maxMin = max(maxMin, mins[j])
 	}
@@ -346,13 +361,7 @@ func quantBlockQ4_K(x []float32, blk []byte) {
 		}
 		dm := mf * float32(m)
 		for ii := 0; ii < 32; ii++ {
-			L[32*j+ii] = uint8(clamp(nearestInt((x[32*j+ii]+dm)/d), 0, 15))
-		}
-	}
-	q := blk[16:144]
-	for j := 0; j < QK_K; j += 64 {
-		for l := 0; l < 32; l++ {
-			q[j/2+l] = L[j+l] | L[j+l+32]<<4
+			L[32*j+ii] = uint8(clamp(nearestInt((x[32*j+ii]+dm)/d), 0, nmax))
 		}
 	}
 }

@@ -97,64 +97,8 @@ func quantBlockQ5_1(x []float32, blk []byte) {
 // Q4_K (eight groups of 32 with 6-bit scales and mins) with 5-bit values,
 // the fifth bits kept in qh.
 func quantBlockQ5_K(x []float32, blk []byte) {
-	var (
-		L       [QK_K]uint8
-		laux    [32]uint8
-		weights [32]float32
-		mins    [8]float32
-		scales  [8]float32
-	)
-	var maxScale, maxMin float32
-	for j := 0; j < 8; j++ {
-		g := x[32*j : 32*j+32]
-		var sumX2 float32
-		for _, v := range g {
-			sumX2 += float32(v * v)
-		}
-		avX := float32(math.Sqrt(float64(sumX2 / 32)))
-		for l, v := range g {
-			weights[l] = avX + abs32(v)
-		}
-		scales[j], mins[j] = makeQKX2(31, g, weights[:], L[32*j:32*j+32], laux[:], -0.5, 0.1, 15, false)
-		maxScale = max(maxScale, scales[j])
-		maxMin = max(maxMin, mins[j])
-	}
-	var invScale, invMin float32
-	if maxScale > 0 {
-		invScale = 63 / maxScale
-	}
-	if maxMin > 0 {
-		invMin = 63 / maxMin
-	}
-	sc := blk[4:16]
-	clear(sc)
-	for j := 0; j < 8; j++ {
-		ls := min(63, uint8(nearestInt(invScale*scales[j])))
-		lm := min(63, uint8(nearestInt(invMin*mins[j])))
-		if j < 4 {
-			sc[j] = ls
-			sc[j+4] = lm
-		} else {
-			sc[j+4] = ls&0xf | (lm&0xf)<<4
-			sc[j-4] |= (ls >> 4) << 6
-			sc[j] |= (lm >> 4) << 6
-		}
-	}
-	dh, mh := F32ToF16(maxScale/63), F32ToF16(maxMin/63)
-	binary.LittleEndian.PutUint16(blk[0:], dh)
-	binary.LittleEndian.PutUint16(blk[2:], mh)
-	df, mf := F16ToF32(dh), F16ToF32(mh)
-	for j := 0; j < 8; j++ {
-		s, m := scaleMinK4(j, sc)
-		d := df * float32(s)
-		if d == 0 {
-			continue
-		}
-		dm := mf * float32(m)
-		for ii := 0; ii < 32; ii++ {
-			L[32*j+ii] = uint8(clamp(nearestInt((x[32*j+ii]+dm)/d), 0, 31))
-		}
-	}
+	var L [QK_K]uint8
+	quantScaleMinK(x, blk, &L, 31, -0.5, 15)
 	qh, qs := blk[16:48], blk[48:176]
 	clear(qh)
 	for c := 0; c < 4; c++ {
