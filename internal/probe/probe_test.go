@@ -329,6 +329,9 @@ func TestProbeFakeServer(t *testing.T) {
 			if tc.fault == faultNone && (r.Leak.Trials < 20 || r.Leak.Leaks != 0 || r.Leak.Upper95 >= 0.2) {
 				t.Errorf("leak stats %+v", r.Leak)
 			}
+			if c := r.Check("prefix-cache"); tc.fault == faultSharedCache && len(c.Evidence) != 2 {
+				t.Errorf("prefix-cache: %d evidence, want one per direction\n%s", len(c.Evidence), sum.String())
+			}
 			if tc.fault == faultLeak && r.Leak.Leaks == 0 {
 				t.Errorf("leak stats %+v", r.Leak)
 			}
