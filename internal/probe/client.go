@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -119,10 +120,23 @@ type client struct {
 }
 
 // do sends e and fills in what came back. It never returns an error: a
-// transport failure is e.err, itself evidence.
+// transport failure is e.err, itself evidence. A request that failed on a
+// reused keep-alive connection before any response is sent once more on a
+// new one: a server may close an idle connection just as the client picks
+// it (llama.cpp's does), which says nothing about how it serves, and Go's
+// transport retries only idempotent methods itself.
 func (c *client) do(ctx context.Context, e *exchange) {
+	if reused := c.try(ctx, e); reused && e.status == 0 && e.err != nil && !e.aborted && ctx.Err() == nil {
+		e.err = nil
+		c.try(ctx, e)
+	}
+}
+
+// try is one attempt of do; it reports whether the connection was reused.
+func (c *client) try(ctx context.Context, e *exchange) (reused bool) {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }})
 	var body io.Reader
 	if e.body != nil {
 		body = bytes.NewReader(e.body)
@@ -174,6 +188,7 @@ func (c *client) do(ctx context.Context, e *exchange) {
 		e.aborted, e.err = true, nil
 	}
 	e.elapsed = time.Since(start)
+	return reused
 }
 
 // readStream reads server-sent events until [DONE], the end of the body,
