@@ -28,12 +28,15 @@ else
 fi
 
 # Debian packages some checks need, installed when root with apt-get (one
-# update for both): promtool checks the alert rules (package prometheus), and
-# a headless Chromium runs the admin page map's browser test (package
-# chromium).
+# update for all): promtool checks the alert rules (package prometheus), a
+# headless Chromium runs the admin page map's browser test (package
+# chromium), and SPIN with a C compiler checks the handoff's Promela model
+# (verify/spin; packages spin and gcc).
 need=()
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v spin >/dev/null 2>&1 || need+=(spin)
+command -v gcc >/dev/null 2>&1 || command -v cc >/dev/null 2>&1 || need+=(gcc)
 if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   apt-get update -qq >/dev/null 2>&1 || true
   for pkg in "${need[@]}"; do
@@ -43,6 +46,9 @@ if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" =
 fi
 if ! command -v chromium >/dev/null 2>&1 && [ -z "${PAGEWARDEN_CHROMIUM:-}" ]; then
   echo "note: chromium not found; the admin page map's browser test (internal/admin TestPageMapInBrowser) is SKIPPED"
+fi
+if ! command -v spin >/dev/null 2>&1; then
+  echo "note: spin not found; the SPIN model of the handoff (verify/spin TestModel) is SKIPPED"
 fi
 if command -v promtool >/dev/null 2>&1; then
   promtool check rules deploy/monitoring/alerts.yml
