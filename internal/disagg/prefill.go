@@ -201,7 +201,7 @@ func (p *Prefill) exported(ctx context.Context, j *prefillJob, ex sched.Export, 
 	if err != nil {
 		p.failed.Add(1)
 		p.log.Warn("prefill failed; aborting its handoff", "ref", j.grant.Ref, "err", err)
-		_ = p.send.Abort(id, transfer.ReasonPrefillFailed)
+		_ = p.send.Abort(id, prefillReason(err))
 		return
 	}
 	if p.cfg.corrupt != nil {
@@ -267,11 +267,21 @@ func (p *Prefill) effects(ctx context.Context) {
 	p.statsMu.Unlock()
 }
 
+// prefillReason is why a prefill that did not produce an export ends its
+// handoff: overloaded when this node had no room for the prompt in time
+// (the gateway moves it or answers 503), failed otherwise.
+func prefillReason(err error) transfer.Reason {
+	if errors.Is(err, request.ErrOverloaded) {
+		return transfer.ReasonOverloaded
+	}
+	return transfer.ReasonPrefillFailed
+}
+
 // refuse tells the gateway that a Prefill could not start.
 func (p *Prefill) refuse(ctx context.Context, to transfer.Peer, ref transfer.Ref, err error) {
 	p.failed.Add(1)
 	p.log.Warn("prefill refused", "ref", ref, "err", err)
-	p.sendMsg(ctx, to, &transfer.Abort{Ref: ref, Reason: transfer.ReasonPrefillFailed})
+	p.sendMsg(ctx, to, &transfer.Abort{Ref: ref, Reason: prefillReason(err)})
 }
 
 func (p *Prefill) sendMsg(ctx context.Context, to transfer.Peer, m transfer.Message) {

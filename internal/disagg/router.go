@@ -767,7 +767,8 @@ func (rt *Router) inbound(ctx context.Context, in link.Inbound) {
 		if c == nil || (from != c.decode && from != c.prefill) || m.Epoch != c.epoch {
 			return
 		}
-		if from == c.prefill && m.Reason == transfer.ReasonPrefillFailed && rt.retryPrefill(c, from) {
+		refused := m.Reason == transfer.ReasonPrefillFailed || m.Reason == transfer.ReasonOverloaded
+		if from == c.prefill && refused && rt.retryPrefill(c, from) {
 			return
 		}
 		if from == c.prefill {
@@ -783,7 +784,11 @@ func (rt *Router) inbound(ctx context.Context, in link.Inbound) {
 			}
 		}
 		rt.countFailure(m.Reason)
-		rt.fail(c, fmt.Errorf("%w: handoff aborted by %s: %v", request.ErrInternal, from, m.Reason), m.Reason)
+		cause := request.ErrInternal
+		if m.Reason == transfer.ReasonOverloaded {
+			cause = request.ErrOverloaded // no room in time: retry later, a 503
+		}
+		rt.fail(c, fmt.Errorf("%w: handoff aborted by %s: %v", cause, from, m.Reason), m.Reason)
 	case *transfer.AbortAck:
 		rt.acked(from, m.Ref)
 	default:
@@ -826,7 +831,7 @@ func (rt *Router) retryPrefill(c *call, from transfer.Peer) bool {
 	rt.log.Info("prefill node refused a prompt; moving it", "from", from, "to", next, "owner", c.owner)
 	rt.sendAbort(&transfer.Abort{Ref: old, Reason: transfer.ReasonPrefillFailed}, []transfer.Peer{decode})
 	if err := rt.reserve(c); err != nil {
-		rt.fail(c, fmt.Errorf("%w: prefill node %s refused the prompt, and moving it failed: %v", request.ErrInternal, from, err), transfer.ReasonPrefillFailed)
+		rt.fail(c, fmt.Errorf("prefill node %s refused the prompt, and moving it failed: %w", from, err), transfer.ReasonPrefillFailed)
 	}
 	return true
 }

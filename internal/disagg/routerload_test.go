@@ -2,6 +2,7 @@ package disagg
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -249,16 +250,17 @@ type refusePrefill struct {
 	link.Transport
 	in      chan link.Inbound
 	refused atomic.Int64
+	reason  transfer.Reason
 }
 
 func newRefusePrefill(t link.Transport) *refusePrefill {
-	r := &refusePrefill{Transport: t, in: make(chan link.Inbound, 64)}
+	r := &refusePrefill{Transport: t, in: make(chan link.Inbound, 64), reason: transfer.ReasonPrefillFailed}
 	go func() {
 		defer close(r.in)
 		for in := range t.Inbox() {
 			if m, ok := in.Msg.(*transfer.Prefill); ok {
 				r.refused.Add(1)
-				_ = t.Send(context.Background(), in.From.Name, &transfer.Abort{Ref: m.Grant.Ref, Reason: transfer.ReasonPrefillFailed})
+				_ = t.Send(context.Background(), in.From.Name, &transfer.Abort{Ref: m.Grant.Ref, Reason: r.reason})
 				continue
 			}
 			r.in <- in
@@ -309,4 +311,24 @@ func TestPrefillRefusalMoves(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
+}
+
+// TestPrefillOverloadIs503: a prefill node that had no room for a prompt
+// in time says so (ReasonOverloaded); with no other prefill node to move
+// it to, the request fails as overloaded (a 503 with Retry-After at the
+// gateway), not as an internal error.
+func TestPrefillOverloadIs503(t *testing.T) {
+	l := startLocal(t, LocalConfig{Prefill: 1, Decode: 1, Wrap: func(name transfer.Peer, tr link.Transport) link.Transport {
+		if name == "prefill-0" {
+			r := newRefusePrefill(tr)
+			r.reason = transfer.ReasonOverloaded
+			return r
+		}
+		return tr
+	}})
+	o := run(t, l, params("t", []int{5, 6, 7}, 4))
+	if o.res.Reason.Success() || !errors.Is(o.res.Err, request.ErrOverloaded) {
+		t.Fatalf("result %+v, want an overloaded error", o.res)
+	}
+	checkBaseline(t, l)
 }

@@ -32,6 +32,7 @@ const (
 	ReasonAborted       // the client or the gateway gave up on the request
 	ReasonShutdown      // a node is shutting down
 	ReasonPrefillFailed // the prefill node could not compute the prompt
+	ReasonOverloaded    // the prefill node had no room for the prompt in time (retry elsewhere or later)
 	numReasons
 )
 
@@ -54,6 +55,7 @@ var reasonNames = [...]string{
 	ReasonAborted:             "aborted",
 	ReasonShutdown:            "shutting_down",
 	ReasonPrefillFailed:       "prefill_failed",
+	ReasonOverloaded:          "overloaded",
 }
 
 // String is a stable snake_case name, fit for a metric label or a log
