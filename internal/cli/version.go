@@ -35,7 +35,7 @@ func writeVersion(w io.Writer) {
 		}
 	}
 	fmt.Fprintf(w, "pagewarden %s\ncommit     %s%s\ngo         %s %s/%s\nkernels    %s\nhandoff    protocol %d\n",
-		version, commit, dirty, runtime.Version(), runtime.GOOS, runtime.GOARCH, kernels.Implementation(), transfer.ProtocolVersion)
+		version, commit, dirty, runtime.Version(), runtime.GOOS, runtime.GOARCH, kernelsLabel(), transfer.ProtocolVersion)
 }
 
 func versionCmd() *cobra.Command {
@@ -48,4 +48,13 @@ func versionCmd() *cobra.Command {
 			return nil
 		},
 	}
+}
+
+// kernelsLabel is the installed kernel tier, and whether the build has no
+// assembly at all (the purego tag), for version's line.
+func kernelsLabel() string {
+	if !kernels.Assembly() {
+		return kernels.Implementation() + " (purego build)"
+	}
+	return kernels.Implementation()
 }

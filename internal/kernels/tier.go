@@ -61,13 +61,14 @@ func SetTier(name string) error {
 }
 
 // Implementation names the installed tier ("avx512vnni", "avx2", "ref",
-// ...), for logs and benchmark labels; a build without assembly says so.
-func Implementation() string {
-	if tier == 0 && !hasAsm {
-		return "ref (purego build)"
-	}
-	return tierNames[tier]
-}
+// ...), for logs and benchmark labels: a name SetTier takes back, so that
+// what a command installed can be put back (Assembly says whether the
+// build has any assembly at all).
+func Implementation() string { return tierNames[tier] }
+
+// Assembly reports whether this build has the assembly kernels (false
+// under the purego tag: every tier is then the reference).
+func Assembly() bool { return hasAsm }
 
 // pick returns the best implementation in vs usable at tier rank r: the
 // last whose name ranks at or below r (the lists are in ascending order
