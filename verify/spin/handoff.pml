@@ -396,6 +396,7 @@ inline commitImport(r, tokens, i, p, ok) {
            i++
         :: else -> break
         od;
+        printf("decode: r%d committed, decoding %d positions\n", r, tokens);
         sst[r] = S_DECODING
      :: else -> schedAbort(r, 0, i, p)
      fi
@@ -485,6 +486,7 @@ end_loop:
      }; /* the message's kind, request and variant */
      if
      :: k == DK_GEN -> d_step {
+        printf("decode <- generate r%d\n", r);
         /* Decode.generate */
         if
         :: dbyow[r] ->
@@ -520,6 +522,7 @@ end_loop:
         fi
         }
      :: k == DK_PAGE -> d_step {
+        printf("decode <- page r%d index %d filled %d\n", r, v / 2, v % 2 + 1);
         /* Receiver.PageArrived (lookup, bounds, duplicates) */
         i = v / 2; n = v % 2 + 1;
         if
@@ -541,6 +544,7 @@ end_loop:
         fi
         }
      :: k == DK_MAN -> d_step {
+        printf("decode <- manifest r%d (%d pages, %d tokens)\n", r, MPAGES(r, v), MTOTAL(r, v));
         /* Receiver.manifestArrived */
         if
         :: rph[r] == R_NONE -> sendP(PK_ABORT, r, FROM_DEC)
@@ -563,6 +567,7 @@ end_loop:
         fi
         }
      :: k == DK_COMMIT -> d_step {
+        printf("decode <- commit r%d\n", r);
         if
         :: rph[r] == R_NONE -> sendP(PK_ABORT, r, FROM_DEC)
         :: rph[r] == R_DRAIN || rph[r] == R_ENDED -> skip
@@ -573,6 +578,7 @@ end_loop:
         fi
         }
      :: k == DK_ABORT -> d_step {
+        printf("decode <- abort r%d from %d (0 gateway, 1 prefill)\n", r, v);
         /* Receiver.abortArrived */
         if
         :: rph[r] == R_NONE ->
@@ -590,6 +596,7 @@ end_loop:
         fi
         }
      :: k == DK_ACK -> d_step {
+        printf("decode <- abort ack r%d\n", r);
         if :: v == FROM_GW -> rawGw[r] = 0 :: else -> rawPf[r] = 0 fi
         }
      :: else                                  /* lost */
@@ -603,8 +610,8 @@ end_loop:
   :: d_step { dcopy[IX(1, 0)] > 0 -> r = 1; i = 0; land(r, i, p, n, ok, k) }
 #endif
   /* Tick: a lease expires (heartbeats lost or late: any time). */
-  :: d_step { rph[0] == R_RECV -> rAbort(0, O_REAPED, NOBODY, i, p); i = 0; p = 0 }
-  :: d_step { rph[1] == R_RECV -> rAbort(1, O_REAPED, NOBODY, i, p); i = 0; p = 0 }
+  :: d_step { rph[0] == R_RECV -> printf("decode: lease of r0 expired\n"); rAbort(0, O_REAPED, NOBODY, i, p); i = 0; p = 0 }
+  :: d_step { rph[1] == R_RECV -> printf("decode: lease of r1 expired\n"); rAbort(1, O_REAPED, NOBODY, i, p); i = 0; p = 0 }
   /* Tick: the drain deadline passes with a writer in flight. */
   :: d_step { rph[0] == R_DRAIN && rwriting[0] > 0 -> rFence(0, i, p); i = 0; p = 0 }
   :: d_step { rph[1] == R_DRAIN && rwriting[1] > 0 -> rFence(1, i, p); i = 0; p = 0 }
@@ -715,6 +722,7 @@ end_loop:
 /* Prefill computed the prompt (Prefill.exported): PageReady for every
  * page, PrefillDone, trySeal (manifest, commit), forget. */
 inline computeFull(r) {
+  printf("prefill: r%d computed\n", r);
   hjob[r] = 0;
   sendD(DK_PAGE, r, 0 * 2 + EXPFILL(PROMPT(r), 0) - 1);
   if :: NPG(r) > 1 -> sendD(DK_PAGE, r, 1 * 2 + EXPFILL(PROMPT(r), 1) - 1) :: else fi;
@@ -725,6 +733,7 @@ inline computeFull(r) {
 /* A prefill with the incident's bug: a 1-token placeholder, which its
  * sender does not check; decode must not rely on the sender being right. */
 inline computeShort(r) {
+  printf("prefill: r%d computed as a 1-token placeholder\n", r);
   hjob[r] = 0;
   sendD(DK_PAGE, r, 0); sendD(DK_MAN, r, MSHORT); sendD(DK_COMMIT, r, 0);
   hph[r] = H_NONE
@@ -732,6 +741,7 @@ inline computeShort(r) {
 
 /* Prefill failed: Sender.Abort(ReasonPrefillFailed). */
 inline computeFail(r) {
+  printf("prefill: r%d failed\n", r);
   hjob[r] = 0; hph[r] = H_ENDED;
   sendD(DK_ABORT, r, FROM_PF); hawDec[r] = 1;
   sendG(GK_ABORT, r, GFROM_PF); hawGw[r] = 1
@@ -754,6 +764,7 @@ end_loop:
      k = c / (NR * NV); r = (c / NV) % NR; v = c % NV;
      if
      :: k == PK_PREFILL ->
+        printf("prefill <- prefill r%d\n", r);
         /* Prefill.start, Sender.Start: a repeated grant is ignored while
          * the handoff is remembered; after it was forgotten it starts
          * again (and its pages are late at decode). */
@@ -762,6 +773,7 @@ end_loop:
         :: else
         fi
      :: k == PK_ABORT ->
+        printf("prefill <- abort r%d from %d (0 gateway, 1 decode)\n", r, v);
         /* Sender.Step(Abort); the driver cancels the job */
         if
         :: hph[r] == H_SENDING ->
@@ -831,7 +843,7 @@ proctype Gateway() {
 end_loop:
   do
   /* A client's request: Router.Submit, reserve (Generate to decode). */
-  :: d_step { gst[0] == G_IDLE -> gst[0] = G_WAIT; sendD(DK_GEN, 0, 0) }
+  :: d_step { gst[0] == G_IDLE -> printf("gateway: r0 submitted\n"); gst[0] = G_WAIT; sendD(DK_GEN, 0, 0) }
 #ifdef TWO_REQUESTS
   :: d_step { gst[1] == G_IDLE -> gst[1] = G_WAIT; sendD(DK_GEN, 1, 0) }
 #endif
@@ -872,6 +884,7 @@ end_loop:
      k = c / (NR * NV); r = (c / NV) % NR; v = c % NV;
      if
      :: k == GK_GRANT ->
+        printf("gateway <- grant r%d\n", r);
         if
         :: gst[r] == G_WAIT ->
            ggranted[r] = 1;
@@ -884,8 +897,10 @@ end_loop:
         :: else
         fi
      :: k == GK_COMMITTED ->
+        printf("gateway <- committed r%d\n", r);
         if :: gst[r] == G_WAIT -> gcommitted[r] = 1 :: else fi
      :: k == GK_RESULT ->
+        printf("gateway <- result r%d (%d: 0 ok, 1 overloaded, 2 error)\n", r, v);
         if
         :: gst[r] == G_WAIT ->
            if
@@ -895,6 +910,7 @@ end_loop:
         :: else
         fi
      :: k == GK_ABORT ->
+        printf("gateway <- abort r%d\n", r);
         if :: v == GFROM_DEC -> sendD(DK_ACK, r, FROM_GW) :: else -> sendP(PK_ACK, r, FROM_GW) fi;
         if
         :: gst[r] == G_WAIT -> gEnd(r, GR_ERR)   /* Router.fail */

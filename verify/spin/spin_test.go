@@ -2,7 +2,6 @@ package spin
 
 import (
 	"bytes"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -91,6 +90,7 @@ type result struct {
 var (
 	reErrors = regexp.MustCompile(`depth reached (\d+), errors: (\d+)`)
 	reStates = regexp.MustCompile(`(\d+) states, stored`)
+	reProc   = regexp.MustCompile(`^\d+:\s+proc\s`)
 )
 
 // run generates, compiles and runs pan for c in a fresh directory.
@@ -150,19 +150,26 @@ func run(t *testing.T, spin, cc string, model []byte, c check) result {
 }
 
 // summarize keeps what a reader of a CI log needs from a replayed trail:
-// the violation and the last steps before it.
+// the model's own account of the run (its printf lines: messages received,
+// what prefill computed, commits, expired leases) and the violation.
 func summarize(replay string) string {
-	lines := strings.Split(strings.TrimSpace(replay), "\n")
 	var keep []string
-	for i, l := range lines {
-		if strings.Contains(l, "assertion violated") || strings.Contains(l, "acceptance cycle") {
-			lo := max(0, i-12)
-			keep = append(keep, lines[lo:min(len(lines), i+2)]...)
-			break
+	steps := ""
+	for _, l := range strings.Split(strings.TrimSpace(replay), "\n") {
+		t := strings.TrimSpace(l)
+		switch {
+		case strings.HasPrefix(t, "spin: trail ends after"):
+			steps = t
+		case t == "" || strings.HasPrefix(t, "#processes") || strings.Contains(t, "processes created") ||
+			strings.HasPrefix(t, "ltl ") || strings.HasPrefix(t, "Never claim"):
+		case strings.HasPrefix(l, "\t\t") || strings.Contains(t, " = ") || reProc.MatchString(t):
+			// the final values of variables and processes, printed after the violation
+		default:
+			keep = append(keep, t)
 		}
 	}
-	if keep == nil {
-		keep = lines[max(0, len(lines)-15):]
+	if len(keep) > 40 {
+		keep = append(keep[:5], append([]string{"..."}, keep[len(keep)-35:]...)...)
 	}
-	return fmt.Sprintf("%s\n(%d steps in the trail)", strings.Join(keep, "\n"), len(lines))
+	return strings.Join(keep, "\n") + "\n" + steps
 }
