@@ -67,3 +67,23 @@ func TestDrain(t *testing.T) {
 		t.Errorf("audit events %+v", evs)
 	}
 }
+
+// TestSetKeys: replacing the admin keys takes effect at once, and an empty
+// list is refused with the old keys kept (the listener is never open, and
+// never shut to its operator by a config that names no key).
+func TestSetKeys(t *testing.T) {
+	s, ts := newTestServer(t, []Pool{staticPool("node", fixedMap())}, nil)
+	code := func(key string) int {
+		resp, _ := get(t, ts, "/admin/api/tenants", bearer(key))
+		return resp.StatusCode
+	}
+	if err := s.SetKeys([][32]byte{sha256.Sum256([]byte("other"))}); err != nil {
+		t.Fatal(err)
+	}
+	if code(adminKey) != 401 || code("other") != 200 {
+		t.Fatalf("after SetKeys: old %d, new %d", code(adminKey), code("other"))
+	}
+	if err := s.SetKeys(nil); err == nil || code("other") != 200 {
+		t.Fatalf("SetKeys(nil) = %v, the kept key answers %d", err, code("other"))
+	}
+}

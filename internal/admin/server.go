@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
@@ -72,6 +73,7 @@ type Config struct {
 // Server serves the admin page, its JSON API and its event stream.
 type Server struct {
 	cfg  Config
+	keys atomic.Pointer[[][32]byte] // the admin keys' digests (SetKeys)
 	log  *slog.Logger
 	mux  *http.ServeMux
 	mu   sync.Mutex // guards the cached state
@@ -106,6 +108,8 @@ func New(cfg Config) (*Server, error) {
 		cfg.Interval = time.Second
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux()}
+	keys := slices.Clone(cfg.KeySHA256)
+	s.keys.Store(&keys)
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -178,6 +182,19 @@ func (s *Server) Handler() http.Handler {
 	})
 }
 
+// SetKeys replaces the admin keys' digests (a reload of the tenant config
+// that changed admin_key_sha256): a key taken away stops working at once.
+// An empty list is refused and the keys stay as they were: the listener is
+// never open, and never shut to its operator by a config that names none.
+func (s *Server) SetKeys(keys [][32]byte) error {
+	if len(keys) == 0 {
+		return fmt.Errorf("%w: no admin key", ErrConfig)
+	}
+	k := slices.Clone(keys)
+	s.keys.Store(&k)
+	return nil
+}
+
 // authorized checks the admin key: "Authorization: Bearer KEY" (the CLI,
 // curl) or HTTP Basic with KEY as the password (a browser, which then
 // sends it with the page's own fetch and EventSource requests).
@@ -193,7 +210,7 @@ func (s *Server) authorized(w http.ResponseWriter, r *http.Request) bool {
 		match := 0
 		// Compare with every digest without stopping, so timing does not
 		// say which matched.
-		for _, h := range s.cfg.KeySHA256 {
+		for _, h := range *s.keys.Load() {
 			match |= subtle.ConstantTimeCompare(d[:], h[:])
 		}
 		if match == 1 {

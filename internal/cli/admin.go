@@ -39,6 +39,25 @@ type adminFlags struct {
 	// gateway's SetDraining and Draining.
 	drain    func(on bool) bool
 	draining func() bool
+	srv      *admin.Server // once started
+}
+
+// reloadKeys gives the admin listener the admin keys of a reloaded tenant
+// config (and --admin-key's, which stays), so that a SIGHUP changes who may
+// open it as it changes the tenants.
+func (f *adminFlags) reloadKeys(cfg *tenants.Config, logger *slog.Logger) {
+	if f.srv == nil || cfg == nil {
+		return
+	}
+	keys := cfg.AdminKeys()
+	if f.key != "" {
+		keys = append(keys, sha256.Sum256([]byte(f.key)))
+	}
+	if err := f.srv.SetKeys(keys); err != nil {
+		logger.Warn("the reloaded config names no admin key; the admin listener keeps the old ones", "err", err, admin.AuditKey, true)
+		return
+	}
+	logger.Info("admin keys reloaded", "keys", len(keys), admin.AuditKey, true)
 }
 
 func (f *adminFlags) register(c *cobra.Command) {
@@ -155,6 +174,7 @@ func (f *adminFlags) startNamed(cmd *cobra.Command, cfg *tenants.Config, reg *te
 	if err != nil {
 		return nil, err
 	}
+	f.srv = srv
 	ln, err := net.Listen("tcp", f.listen)
 	if err != nil {
 		return nil, fmt.Errorf("--admin-listen %s: %w", f.listen, err)

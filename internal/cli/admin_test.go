@@ -312,3 +312,45 @@ func TestServeAdminConfigAndReload(t *testing.T) {
 		t.Errorf("events: %s", out)
 	}
 }
+
+// TestServeAdminKeysReload: a reload of the tenant config changes the
+// admin keys as it changes the tenants — a key taken out stops opening the
+// listener, the new one opens it, and --admin-key's stays (the listener is
+// never left without a key: admin.TestSetKeys).
+func TestServeAdminKeysReload(t *testing.T) {
+	const tenantKey, oldKey, newKey, flagKey = "pw-tenant-key", "pw-admin-old", "pw-admin-new", "pw-admin-flag"
+	config := filepath.Join(t.TempDir(), "tenants.yaml")
+	write := func(adminKeys string) {
+		yaml := adminKeys + "tenants:\n  - id: acme\n    api_key_sha256: [" + tenants.HashKey(tenantKey) + "]\n"
+		if err := os.WriteFile(config, []byte(yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("admin_key_sha256: [" + tenants.HashKey(oldKey) + "]\n")
+	_, stderr := serve(t, "--config", config, "--admin-listen", "127.0.0.1:0", "--admin-key", flagKey, "--colocated")
+	base := regexp.MustCompile(`admin on (http://\S+)/admin/`).FindStringSubmatch(stderr)[1]
+	reload := func(key string) {
+		t.Helper()
+		var stdout, errb syncBuffer
+		if code := Main(context.Background(), []string{"admin", "reload", "--url", base, "--admin-key", key}, &stdout, &errb); code != 0 {
+			t.Fatalf("reload: %d %s", code, errb.String())
+		}
+	}
+	status := func(key string) int {
+		code, _ := adminGet(t, base+"/admin/api/tenants", key)
+		return code
+	}
+	if status(oldKey) != 200 || status(newKey) != 401 || status(flagKey) != 200 {
+		t.Fatalf("before: old %d new %d flag %d", status(oldKey), status(newKey), status(flagKey))
+	}
+	write("admin_key_sha256: [" + tenants.HashKey(newKey) + "]\n")
+	reload(oldKey)
+	if status(oldKey) != 401 || status(newKey) != 200 || status(flagKey) != 200 {
+		t.Fatalf("after the reload: old %d new %d flag %d", status(oldKey), status(newKey), status(flagKey))
+	}
+	write("")
+	reload(newKey)
+	if status(newKey) != 401 || status(flagKey) != 200 {
+		t.Fatalf("after a config with no admin key: new %d flag %d", status(newKey), status(flagKey))
+	}
+}

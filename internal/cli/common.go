@@ -157,9 +157,16 @@ func (f *servedFlags) apply(cmd *cobra.Command, o *node.Options) error {
 // again and swap it in, or keep the one in force and log why. It returns
 // what changed (tenants.Diff).
 func reloadTenants(srv *gateway.Server, path string, logger *slog.Logger) ([]string, error) {
+	_, changes, err := reloadTenantConfig(srv, path, logger)
+	return changes, err
+}
+
+// reloadTenantConfig is reloadTenants that also returns the config it
+// put in force (for the admin keys).
+func reloadTenantConfig(srv *gateway.Server, path string, logger *slog.Logger) (*tenants.Config, []string, error) {
 	if path == "" {
 		logger.Warn("SIGHUP ignored: no --config to reload")
-		return nil, errNoConfig
+		return nil, nil, errNoConfig
 	}
 	old := srv.Tenants()
 	nc, err := loadTenants(path)
@@ -170,11 +177,11 @@ func reloadTenants(srv *gateway.Server, path string, logger *slog.Logger) ([]str
 	// who may use the server, and within what limits, changed or not.
 	if err != nil {
 		logger.Error("tenant config reload failed; keeping the old one", "err", err, admin.AuditKey, true)
-		return nil, err
+		return nil, nil, err
 	}
 	changes := tenants.Diff(old, srv.Tenants())
 	logger.Info("tenant config reloaded", "tenants", len(nc.Tenants), "changes", strings.Join(changes, "; "), admin.AuditKey, true)
-	return changes, nil
+	return nc, changes, nil
 }
 
 // errNoConfig: a reload without --config (one generated or --api-key

@@ -263,7 +263,12 @@ that long.`,
 				return err
 			}
 			defer stopMetrics()
-			af.reload = func(context.Context) ([]string, error) { return reloadTenants(srv, configPath, logger) }
+			reload := func(logger *slog.Logger) ([]string, error) {
+				nc, changes, err := reloadTenantConfig(srv, configPath, logger) // the shared registry: gateway and scheduler at once
+				af.reloadKeys(nc, logger)
+				return changes, err
+			}
+			af.reload = func(context.Context) ([]string, error) { return reload(logger) }
 			af.drain, af.draining = srv.SetDraining, srv.Draining
 			stopAdmin, err := af.start(cmd, tcfg, policies, backend, tlsCfg, logger)
 			if err != nil {
@@ -297,7 +302,7 @@ that long.`,
 			for {
 				select {
 				case <-hup:
-					reloadTenants(srv, configPath, af.audit(logger)) // the shared registry: gateway and scheduler at once
+					reload(af.audit(logger))
 				case <-usr1:
 					scrubQuarantine(cmd.Context(), scrubber, af.audit(logger))
 				case <-cmd.Context().Done():
