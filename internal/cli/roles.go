@@ -428,6 +428,10 @@ memory (only when the operator asks: each role otherwise runs alone).`,
 	return c
 }
 
+// staleCheckEvery is how often a gateway with --etcd checks whether its
+// lease has gone unconfirmed for too long (cluster.Session.Stale).
+const staleCheckEvery = 200 * time.Millisecond
+
 func gatewayCmd() *cobra.Command {
 	var nf nodeFlags
 	var lf linkFlags
@@ -541,12 +545,33 @@ tokenizes, and its limits must equal theirs: the handshake refuses a mismatch).`
 			logger.Info("serving", "addr", ln.Addr().String(), "model", m.Name, "max_context", lim.MaxContext, "prefill", prefills, "decode", decodes)
 			fmt.Fprintf(cmd.ErrOrStderr(), "listening on %s://%s\n", tf.scheme(), ln.Addr())
 			srv.Start(ln)
+			// A gateway whose lease etcd has not confirmed for 2/3 of its
+			// TTL takes no new request (503 draining, /readyz 503) until
+			// etcd does again: it may be cut off from the cluster, whose
+			// view it routes by, and must not serve while the cluster
+			// could already hold it gone.
+			var staleTick <-chan time.Time
+			if session != nil {
+				t := time.NewTicker(staleCheckEvery)
+				defer t.Stop()
+				staleTick = t.C
+			}
 			var lostErr error
 		wait:
 			for {
 				select {
 				case <-hup:
 					reloadTenants(srv, configPath, logger)
+					continue
+				case now := <-staleTick:
+					if stale := session.Stale(now); stale != srv.Draining() {
+						srv.SetDraining(stale)
+						if stale {
+							logger.Warn("etcd has not confirmed this gateway's lease for 2/3 of its TTL: refusing new requests until it does")
+						} else {
+							logger.Info("etcd confirmed the gateway's lease again: taking requests")
+						}
+					}
 					continue
 				case <-cmd.Context().Done():
 				case err := <-routed:
