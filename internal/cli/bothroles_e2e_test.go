@@ -56,16 +56,8 @@ func TestAlsoTheOtherRole(t *testing.T) {
 	b := startProc(t, "B", node("decode", "dB", also("prefill", "pB")...)...)
 	url2, key2 := gateway("gw2", "pB="+b.await(t, linked("prefill", "pB")), "dB="+b.await(t, linked("decode", "dB")))
 
-	ref := startServe(t, "--colocated")
 	prompts := []string{"Once upon a time", "The little dog", "She opened the door and", "In the morning the sun"}
-	want := map[string]string{}
-	for _, p := range prompts {
-		c := complete(http.DefaultClient, ref.url, ref.key, p, 24)
-		if c.status != 200 {
-			t.Fatalf("serve: %d %s", c.status, c.body)
-		}
-		want[p] = c.text
-	}
+	want := referenceAnswers(t, prompts, 24, "--colocated")
 	client := &http.Client{Timeout: 60 * time.Second}
 	for _, cl := range []struct{ name, url, key string }{{"A+dC", url1, key1}, {"B", url2, key2}} {
 		var wg sync.WaitGroup
@@ -88,20 +80,7 @@ func TestAlsoTheOtherRole(t *testing.T) {
 		nodes []string
 	}{{a, []string{"pA", "dA"}}, {b, []string{"dB", "pB"}}, {dC, nil}} {
 		addr := n.p.await(t, `metrics on http://(127\.0\.0\.1:\d+)/metrics`)
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			used, q := metric(t, addr, "pagewarden_kv_pages_used"), metric(t, addr, "pagewarden_kv_pages_quarantined")
-			if used == "0" && q == "0" {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: %s pages used, %s quarantined", n.p.name, used, q)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		if v := metric(t, addr, "pagewarden_isolation_violations_total"); v != "0" {
-			t.Fatalf("%s: %s isolation violations", n.p.name, v)
-		}
+		waitPoolBack(t, n.p.name, addr, 10*time.Second)
 		for _, name := range n.nodes {
 			if v := metric(t, addr, `pagewarden_sched_steps_total{node="`+name+`"}`); v == "" || v == "0" {
 				t.Errorf("%s: node %s took no step (%q)", n.p.name, name, v)

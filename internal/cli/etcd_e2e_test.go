@@ -76,16 +76,8 @@ func TestRolesThroughEtcd(t *testing.T) {
 	url := "http://" + gw.await(t, `listening on http://(127\.0\.0\.1:\d+)`)
 	key := gw.await(t, `API key \(shown once\): (\S+)`)
 
-	ref := startServe(t)
 	prompts := []string{"Once upon a time", "The little dog", "She opened the door and"}
-	want := map[string]string{}
-	for _, p := range prompts {
-		c := complete(http.DefaultClient, ref.url, ref.key, p, 16)
-		if c.status != 200 {
-			t.Fatalf("serve: %d %s", c.status, c.body)
-		}
-		want[p] = c.text
-	}
+	want := referenceAnswers(t, prompts, 16)
 	// Concurrent requests, so that both decode nodes take some.
 	check := func(when string) {
 		t.Helper()

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -235,17 +236,7 @@ func TestMultiHostNetns(t *testing.T) {
 		}
 	}
 	const maxTokens = 32
-	ref := startServe(t)
-	want := map[string]string{}
-	for _, ps := range prompts {
-		for _, p := range ps {
-			c := complete(http.DefaultClient, ref.url, ref.key, p, maxTokens)
-			if c.status != 200 {
-				t.Fatalf("serve: %d %s", c.status, c.body)
-			}
-			want[p] = c.text
-		}
-	}
+	want := referenceAnswers(t, slices.Concat(prompts...), maxTokens)
 	var mu sync.Mutex
 	statuses := map[int]int{}
 	check := func(when string, tenant int, p string, c completion) {
@@ -321,21 +312,7 @@ func TestMultiHostNetns(t *testing.T) {
 	// The survivors' pages come back; nothing was ever seen by the wrong
 	// tenant.
 	for _, name := range []string{"d0", "p1"} {
-		addr := nodeHosts[name][1] + ":9464"
-		deadline := time.Now().Add(15 * time.Second)
-		for {
-			used, q := metric(t, addr, "pagewarden_kv_pages_used"), metric(t, addr, "pagewarden_kv_pages_quarantined")
-			if used == "0" && q == "0" {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: %s pages used, %s quarantined", name, used, q)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		if v := metric(t, addr, "pagewarden_isolation_violations_total"); v != "0" {
-			t.Fatalf("%s: %s isolation violations", name, v)
-		}
+		waitPoolBack(t, name, nodeHosts[name][1]+":9464", 15*time.Second)
 	}
 	// The cut node lost etcd, fenced itself, drained and exited.
 	if code := procs["d1"].exited(t, 30*time.Second); code == 0 {

