@@ -33,17 +33,27 @@ func benchNodeOptions() node.Options {
 func BenchmarkServeLoad(b *testing.B) {
 	ids := []string{"t0", "t1", "t2", "t3"}
 	s := startE2E(b, e2eConfig{tenants: ids, node: benchNodeOptions(), direct: true, scrubAsGiven: true})
-	var keys []string
+	b.ReportAllocs()
+	r := runLoad(b, s, ids, loadgen.Config{Concurrency: 32, Requests: 64, MaxTokens: 64, PromptTokens: 64, RequestTimeout: time.Minute})
+	b.ReportMetric(r.RequestsPerSec, "req/s")
+	b.ReportMetric(r.OutputTokensPerSec, "tok/s")
+	b.ReportMetric(ms(r.TTFT.P50), "ttft-p50-ms")
+	b.ReportMetric(ms(r.TTFT.P99), "ttft-p99-ms")
+	b.ReportMetric(ms(r.ITL.P50), "itl-p50-ms")
+	b.ReportMetric(ms(r.ITL.P99), "itl-p99-ms")
+}
+
+// runLoad runs cfg (its URL and keys filled in: ids' tenants on s) b.N
+// times with the benchmark timer on, and returns the report over every
+// run; a request that failed fails the benchmark.
+func runLoad(b *testing.B, s *e2eServer, ids []string, cfg loadgen.Config) *loadgen.Report {
+	b.Helper()
+	cfg.BaseURL, cfg.Keys = s.url, nil
 	for _, id := range ids {
-		keys = append(keys, e2eKey(id))
-	}
-	cfg := loadgen.Config{
-		BaseURL: s.url, Keys: keys, Concurrency: 32, Requests: 64,
-		MaxTokens: 64, PromptTokens: 64, RequestTimeout: time.Minute,
+		cfg.Keys = append(cfg.Keys, e2eKey(id))
 	}
 	var samples []loadgen.Sample
 	var elapsed time.Duration
-	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
 		r, err := loadgen.Run(context.Background(), cfg)
@@ -54,18 +64,15 @@ func BenchmarkServeLoad(b *testing.B) {
 		elapsed += r.Elapsed
 	}
 	b.StopTimer()
-	r := loadgen.NewReport(samples, len(keys), elapsed)
+	r := loadgen.NewReport(samples, len(ids), elapsed)
 	if r.Succeeded != r.Requests {
 		b.Errorf("%d of %d requests failed: %v", r.Requests-r.Succeeded, r.Requests, r.Errors)
 	}
-	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-	b.ReportMetric(r.RequestsPerSec, "req/s")
-	b.ReportMetric(r.OutputTokensPerSec, "tok/s")
-	b.ReportMetric(ms(r.TTFT.P50), "ttft-p50-ms")
-	b.ReportMetric(ms(r.TTFT.P99), "ttft-p99-ms")
-	b.ReportMetric(ms(r.ITL.P50), "itl-p50-ms")
-	b.ReportMetric(ms(r.ITL.P99), "itl-p99-ms")
+	return r
 }
+
+// ms is d in milliseconds, for ReportMetric.
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // BenchmarkGatewayAddedLatency measures what the gateway adds to a trivial
 // request: each iteration runs one 1-token greedy request straight through
@@ -148,26 +155,7 @@ func BenchmarkAuditOverhead(b *testing.B) {
 	for _, rate := range []float64{0, 0.01, 0.1, 1} {
 		b.Run(fmt.Sprintf("rate=%g", rate), func(b *testing.B) {
 			s := startE2E(b, e2eConfig{model: *auditModel, tenants: ids, node: benchNodeOptions(), direct: true, scrubAsGiven: true, auditRate: rate})
-			var keys []string
-			for _, id := range ids {
-				keys = append(keys, e2eKey(id))
-			}
-			cfg := loadgen.Config{
-				BaseURL: s.url, Keys: keys, Concurrency: 16, Requests: 32,
-				MaxTokens: 64, PromptTokens: 64, RequestTimeout: 5 * time.Minute,
-			}
-			var samples []loadgen.Sample
-			var elapsed time.Duration
-			b.ResetTimer()
-			for range b.N {
-				r, err := loadgen.Run(context.Background(), cfg)
-				if err != nil {
-					b.Fatal(err)
-				}
-				samples = append(samples, r.Samples...)
-				elapsed += r.Elapsed
-			}
-			b.StopTimer()
+			r := runLoad(b, s, ids, loadgen.Config{Concurrency: 16, Requests: 32, MaxTokens: 64, PromptTokens: 64, RequestTimeout: 5 * time.Minute})
 			// The replays still queued run now: wait until the count has
 			// not moved for 5 s (longer than one replay takes).
 			for last, still := -1.0, 0; still < 100; time.Sleep(50 * time.Millisecond) {
@@ -177,11 +165,6 @@ func BenchmarkAuditOverhead(b *testing.B) {
 					still++
 				}
 			}
-			r := loadgen.NewReport(samples, len(keys), elapsed)
-			if r.Succeeded != r.Requests {
-				b.Errorf("%d of %d requests failed: %v", r.Requests-r.Succeeded, r.Requests, r.Errors)
-			}
-			ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 			// Request latency, not TTFT or inter-token gaps: the random
 			// weights of the 135m shapes often write tokens with no text,
 			// which a client cannot time.
