@@ -21,14 +21,7 @@ func TestDisaggregatedChoices(t *testing.T) {
 	o := nodeOptions()
 	o.PrefixCache = true // as serve runs it
 	l := startLocal(t, LocalConfig{Prefill: 2, Decode: 2, Node: o})
-	const key = "sk-split-choices"
-	srv, err := gateway.New(gateway.Config{Backend: l, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Tenants: &tenants.Config{Tenants: []tenants.Tenant{{ID: "acme", APIKeySHA256: []string{tenants.HashKey(key)}}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(srv)
-	defer ts.Close()
+	post := apiClient(t, l)
 	type answer struct {
 		Choices []struct {
 			Index        int    `json:"index"`
@@ -41,25 +34,17 @@ func TestDisaggregatedChoices(t *testing.T) {
 		} `json:"usage"`
 	}
 	prompt := "Once upon a time there was a little dog who lived in a small house by the sea, and every morning"
-	post := func(body map[string]any) answer {
+	complete := func(body map[string]any) answer {
 		t.Helper()
 		body["prompt"], body["temperature"], body["max_tokens"] = prompt, 1, 12
-		b, _ := json.Marshal(body)
-		req, _ := http.NewRequest("POST", ts.URL+"/v1/completions", bytes.NewReader(b))
-		req.Header.Set("Authorization", "Bearer "+key)
-		resp, err := ts.Client().Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		out, _ := io.ReadAll(resp.Body)
+		code, out := post("/v1/completions", body)
 		var a answer
-		if resp.StatusCode != 200 || json.Unmarshal(out, &a) != nil {
-			t.Fatalf("status %d: %s", resp.StatusCode, out)
+		if code != 200 || json.Unmarshal(out, &a) != nil {
+			t.Fatalf("status %d: %s", code, out)
 		}
 		return a
 	}
-	many := post(map[string]any{"n": 4, "seed": 40})
+	many := complete(map[string]any{"n": 4, "seed": 40})
 	if len(many.Choices) != 4 {
 		t.Fatalf("%d choices, want 4", len(many.Choices))
 	}
@@ -80,7 +65,7 @@ func TestDisaggregatedChoices(t *testing.T) {
 
 	completion := 0
 	for i, c := range many.Choices {
-		single := post(map[string]any{"seed": 40 + i})
+		single := complete(map[string]any{"seed": 40 + i})
 		if c.Index != i || c.Text != single.Choices[0].Text || c.FinishReason != single.Choices[0].FinishReason {
 			t.Errorf("choice %d: %q (%s), the single answer with seed %d: %q (%s)", i, c.Text, c.FinishReason, 40+i, single.Choices[0].Text, single.Choices[0].FinishReason)
 		}
@@ -93,4 +78,31 @@ func TestDisaggregatedChoices(t *testing.T) {
 		t.Errorf("completion tokens %d, the singles' sum %d", many.Usage.CompletionTokens, completion)
 	}
 	checkBaseline(t, l)
+}
+
+// apiClient serves the OpenAI API in front of l for one tenant and
+// returns how to POST a JSON body to a path with its key.
+func apiClient(t *testing.T, l *Local) func(path string, body map[string]any) (int, []byte) {
+	t.Helper()
+	const key = "sk-split-http"
+	srv, err := gateway.New(gateway.Config{Backend: l, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Tenants: &tenants.Config{Tenants: []tenants.Tenant{{ID: "acme", APIKeySHA256: []string{tenants.HashKey(key)}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(srv)
+	t.Cleanup(ts.Close)
+	return func(path string, body map[string]any) (int, []byte) {
+		t.Helper()
+		b, _ := json.Marshal(body)
+		req, _ := http.NewRequest("POST", ts.URL+path, bytes.NewReader(b))
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := ts.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		out, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, out
+	}
 }

@@ -1,18 +1,11 @@
 package disagg
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
-	"log/slog"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
-	"github.com/pagewarden/pagewarden/internal/gateway"
-	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
 	"github.com/pagewarden/pagewarden/internal/grammar"
 	"github.com/pagewarden/pagewarden/internal/request"
 )
@@ -91,25 +84,8 @@ func TestDisaggregatedStructured(t *testing.T) {
 // a 400 before anything reaches a node.
 func TestDisaggregatedStructuredHTTP(t *testing.T) {
 	l := startLocal(t, LocalConfig{})
-	const key = "sk-split-structured"
-	srv, err := gateway.New(gateway.Config{Backend: l, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Tenants: &tenants.Config{Tenants: []tenants.Tenant{{ID: "acme", APIKeySHA256: []string{tenants.HashKey(key)}}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(srv)
-	defer ts.Close()
-	post := func(body map[string]any) (int, []byte) {
-		b, _ := json.Marshal(body)
-		req, _ := http.NewRequest("POST", ts.URL+"/v1/chat/completions", bytes.NewReader(b))
-		req.Header.Set("Authorization", "Bearer "+key)
-		resp, err := ts.Client().Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		out, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, out
-	}
+	api := apiClient(t, l)
+	post := func(body map[string]any) (int, []byte) { return api("/v1/chat/completions", body) }
 	g, err := grammar.Compile(grammar.Spec{Kind: grammar.JSONSchema, Strict: true, Schema: []byte(closedSchema)})
 	if err != nil {
 		t.Fatal(err)
