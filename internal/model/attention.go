@@ -100,11 +100,18 @@ func (j *attnJob) head(task int, b *attnBuf) {
 	qdim, kvdim := c.QDim(), c.KVDim()
 	stride := qdim + 2*kvdim
 	group := c.Heads / c.KVHeads
-	scale := float32(1 / math.Sqrt(float64(hd)))
+	scale := c.Scale()
+	softcap := c.AttnSoftcap
 
 	r, h := task/heads, task%heads
 	v := j.rows[r].view
 	n := j.rows[r].n
+	// lo is the first position the token sees: all of them, or the last
+	// Window(l) under a sliding window (the query is at n-1).
+	lo := 0
+	if w := c.Window(l); w > 0 && n > w {
+		lo = n - w
+	}
 	ps := v.PageSize()
 	b.scores = grow(b.scores, n)
 	scores := b.scores
@@ -121,38 +128,45 @@ func (j *attnJob) head(task int, b *attnBuf) {
 		}
 		q = b.q16
 	}
-	for p := 0; p < n; p += ps {
+	for p := lo - lo%ps; p < n; p += ps {
 		page := p / ps
+		t0 := max(0, lo-p)
 		cnt := min(ps, n-p)
 		if kp := v.K(l, page); kp != nil {
-			for t := 0; t < cnt; t++ {
+			for t := t0; t < cnt; t++ {
 				scores[p+t] = kernels.Dot(q, kp[t*kvdim+kvo:t*kvdim+kvo+hd]) * scale
 			}
 		} else {
 			kp16 := v.K16(l, page)
-			for t := 0; t < cnt; t++ {
+			for t := t0; t < cnt; t++ {
 				scores[p+t] = kernels.DotF16(q, kp16[t*kvdim+kvo:t*kvdim+kvo+hd]) * scale
 			}
 		}
 	}
-	kernels.Softmax(scores)
+	if softcap > 0 {
+		for i := lo; i < n; i++ {
+			scores[i] = softcap * float32(math.Tanh(float64(scores[i]/softcap)))
+		}
+	}
+	kernels.Softmax(scores[lo:n])
 	if f16 {
-		for i, x := range scores {
-			scores[i] = roundF16(x)
+		for i := lo; i < n; i++ {
+			scores[i] = roundF16(scores[i])
 		}
 	}
 	out := s.att[r*qdim+h*hd : r*qdim+(h+1)*hd]
 	clear(out)
-	for p := 0; p < n; p += ps {
+	for p := lo - lo%ps; p < n; p += ps {
 		page := p / ps
+		t0 := max(0, lo-p)
 		cnt := min(ps, n-p)
 		if vp := v.V(l, page); vp != nil {
-			for t := 0; t < cnt; t++ {
+			for t := t0; t < cnt; t++ {
 				kernels.Axpy(out, scores[p+t], vp[t*kvdim+kvo:t*kvdim+kvo+hd])
 			}
 		} else {
 			vp16 := v.V16(l, page)
-			for t := 0; t < cnt; t++ {
+			for t := t0; t < cnt; t++ {
 				kernels.AxpyF16(out, scores[p+t], vp16[t*kvdim+kvo:t*kvdim+kvo+hd])
 			}
 		}

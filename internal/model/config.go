@@ -3,6 +3,7 @@ package model
 import (
 	"errors"
 	"fmt"
+	"math"
 )
 
 // Errors returned by loaders; each is wrapped with the detail.
@@ -51,6 +52,38 @@ type Config struct {
 	RopeRunC bool
 
 	TiedOutput bool // the output matrix is the token embedding
+
+	// SlidingWindow, when positive, limits what a token attends to: the
+	// key at position k is seen from position q only if q-k <
+	// SlidingWindow (llama.cpp's n_swa; mistral, phi3, gemma2). 0 means
+	// every earlier position.
+	SlidingWindow int
+	// WindowedLayers says which layers the window applies to; nil means
+	// all of them (gemma2 alternates windowed and global layers).
+	WindowedLayers []bool
+	// AttnScale multiplies the query-key products; 0 means 1/sqrt(HeadDim)
+	// (gemma2 scales by its query_pre_attn_scalar instead).
+	AttnScale float32
+	// AttnSoftcap, when positive, caps attention scores as
+	// AttnSoftcap*tanh(score/AttnSoftcap) before the softmax (gemma2).
+	AttnSoftcap float32
+}
+
+// Window is the attention window of layer l: the number of positions a
+// token sees, its own included, or 0 for all of them.
+func (c *Config) Window(l int) int {
+	if c.SlidingWindow <= 0 || (c.WindowedLayers != nil && !c.WindowedLayers[l]) {
+		return 0
+	}
+	return c.SlidingWindow
+}
+
+// Scale is the factor applied to query-key products.
+func (c *Config) Scale() float32 {
+	if c.AttnScale != 0 {
+		return c.AttnScale
+	}
+	return float32(1 / math.Sqrt(float64(c.HeadDim)))
 }
 
 // QDim is the width of the query projection.
@@ -77,6 +110,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: rope base %g, freq scale %g", ErrBadConfig, c.RopeBase, c.RopeFreqScale)
 	case c.RopeFreqFactors != nil && len(c.RopeFreqFactors) != c.RopeDims/2:
 		return fmt.Errorf("%w: %d rope frequency factors for %d rotated dims", ErrBadConfig, len(c.RopeFreqFactors), c.RopeDims)
+	case c.SlidingWindow < 0 || (c.WindowedLayers != nil && len(c.WindowedLayers) != c.Layers):
+		return fmt.Errorf("%w: sliding window %d over %d of %d layers", ErrBadConfig, c.SlidingWindow, len(c.WindowedLayers), c.Layers)
+	case c.AttnScale < 0 || c.AttnSoftcap < 0 || math.IsNaN(float64(c.AttnScale)) || math.IsNaN(float64(c.AttnSoftcap)):
+		return fmt.Errorf("%w: attention scale %g, soft-cap %g", ErrBadConfig, c.AttnScale, c.AttnSoftcap)
 	case c.Layers > 1024 || c.Dim > 1<<16 || c.HeadDim > 1024 || c.Heads > 1024 || c.FFN > 1<<18 || c.Vocab > 1<<22 || c.ContextLength > 1<<24:
 		return fmt.Errorf("%w: sizes beyond what this engine supports (layers %d, dim %d, heads %d, head dim %d, ffn %d, vocab %d, ctx %d)",
 			ErrBadConfig, c.Layers, c.Dim, c.Heads, c.HeadDim, c.FFN, c.Vocab, c.ContextLength)
