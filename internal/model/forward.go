@@ -18,6 +18,10 @@ type Layer struct {
 	FFNNorm             []float32
 	GateUp              Proj // feed-forward gate and up projections
 	Down                *kernels.Matrix
+	// PostAttnNorm and PostFFNNorm normalise the attention and
+	// feed-forward outputs before they join the residual (gemma2); nil
+	// for the others.
+	PostAttnNorm, PostFFNNorm []float32
 }
 
 // Weights are the tensors of a model, already prepared for the kernels.
@@ -128,6 +132,9 @@ func (m *Model) Forward(pool *kernels.Pool, in []Input, s *Scratch) ([][]float32
 		start := in[i].View.Start()
 		for j, t := range in[i].Tokens {
 			m.W.Embed.Row(t, s.x[row*dim:(row+1)*dim])
+			if c.EmbedScale != 0 {
+				scale(s.x[row*dim:(row+1)*dim], c.EmbedScale)
+			}
 			c.ropeAngles(start+j, s.cos[row*half:(row+1)*half], s.sin[row*half:(row+1)*half])
 			row++
 		}
@@ -141,30 +148,42 @@ func (m *Model) Forward(pool *kernels.Pool, in []Input, s *Scratch) ([][]float32
 		}
 	}
 
-	// Final norm and logits for the rows that want them.
+	// Final norm and logits for the rows that want them, every input's in
+	// one product: the output matrix is the largest of a small model
+	// (135M: 49152 x 576), and a product per input would stream it once per
+	// sequence of a decode batch. MatMul is batch-invariant, so each row's
+	// logits are what a product of its own would give.
 	out := make([][]float32, len(in))
+	span := make([]int, len(in)) // logit rows of each input
+	rows := 0
 	row = 0
 	for i := range in {
 		n := len(in[i].Tokens)
-		var lo, hi int
+		a, b := 0, 0
 		switch in[i].Logits {
-		case LogitsNone:
-			row += n
-			continue
 		case LogitsLast:
-			lo, hi = row+n-1, row+n
+			a, b = row+n-1, row+n
 		case LogitsAll:
-			lo, hi = row, row+n
+			a, b = row, row+n
 		}
-		rows := hi - lo
-		xs := s.xb[:rows*dim]
-		for r := 0; r < rows; r++ {
-			kernels.RMSNorm(xs[r*dim:(r+1)*dim], s.x[(lo+r)*dim:(lo+r+1)*dim], m.W.OutNorm, c.NormEps)
+		span[i] = b - a
+		for r := a; r < b; r++ {
+			kernels.RMSNorm(s.xb[rows*dim:(rows+1)*dim], s.x[r*dim:(r+1)*dim], m.W.OutNorm, c.NormEps)
+			rows++
 		}
-		logits := make([]float32, rows*c.Vocab)
-		kernels.MatMul(pool, logits, m.W.Output, xs, rows)
-		out[i] = logits
 		row += n
+	}
+	if rows == 0 {
+		return out, nil
+	}
+	logits := make([]float32, rows*c.Vocab)
+	kernels.MatMul(pool, logits, m.W.Output, s.xb[:rows*dim], rows)
+	off := 0
+	for i := range in {
+		if n := span[i] * c.Vocab; n > 0 {
+			out[i] = logits[off : off+n : off+n]
+			off += n
+		}
 	}
 	return out, nil
 }
@@ -232,19 +251,25 @@ func (m *Model) layer(pool *kernels.Pool, l int, in []Input, s *Scratch, total i
 	s.attn.run(pool, l)
 
 	kernels.MatMul(pool, s.tmp, w.O, s.att[:total*qdim], total)
+	postNorm(s.tmp, w.PostAttnNorm, dim, total, c.NormEps)
 	kernels.Add(s.x[:total*dim], s.tmp[:total*dim])
 
-	// Feed-forward block (SwiGLU). Row r of s.gu is the token's gate and
-	// up projections side by side.
+	// Feed-forward block (SwiGLU, or GeGLU for gemma2). Row r of s.gu is
+	// the token's gate and up projections side by side.
 	for r := 0; r < total; r++ {
 		kernels.RMSNorm(s.xb[r*dim:(r+1)*dim], s.x[r*dim:(r+1)*dim], w.FFNNorm, c.NormEps)
 	}
 	w.GateUp.mul(pool, s.gu, xb, total, &s.part)
 	for r := 0; r < total; r++ {
 		gu := s.gu[r*2*ffn : (r+1)*2*ffn]
-		kernels.SiLUMul(s.hb[r*ffn:(r+1)*ffn], gu[:ffn], gu[ffn:])
+		if c.FFNAct == ActGELU {
+			geluMul(s.hb[r*ffn:(r+1)*ffn], gu[:ffn], gu[ffn:])
+		} else {
+			kernels.SiLUMul(s.hb[r*ffn:(r+1)*ffn], gu[:ffn], gu[ffn:])
+		}
 	}
 	kernels.MatMul(pool, s.tmp, w.Down, s.hb[:total*ffn], total)
+	postNorm(s.tmp, w.PostFFNNorm, dim, total, c.NormEps)
 	kernels.Add(s.x[:total*dim], s.tmp[:total*dim])
 	return nil
 }
