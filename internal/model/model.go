@@ -54,6 +54,9 @@ func FromGGUF(f *gguf.File) (*Model, error) { return fromGGUF(f, true) }
 // the reference the fused model is tested against.
 func fromGGUF(f *gguf.File, fuse bool) (*Model, error) {
 	arch, _ := f.String("general.architecture")
+	if h := archHint(arch); h != "" {
+		return nil, fmt.Errorf("%w %q: %s", ErrUnsupportedArch, arch, h)
+	}
 	switch arch {
 	case "llama", "qwen2":
 	case "":
@@ -124,6 +127,12 @@ func fromGGUF(f *gguf.File, fuse bool) (*Model, error) {
 		}
 	} else if factor, ok := f.Float(key("rope.scale_linear")); ok && factor > 0 {
 		c.RopeFreqScale = float32(1 / factor)
+	}
+	if c.SlidingWindow, err = slidingWindow(f, arch); err != nil {
+		return nil, err
+	}
+	if err := unsupportedFeatures(f, arch); err != nil {
+		return nil, err
 	}
 	if arch == "qwen2" {
 		c.RopeStyle = RopeNeox
