@@ -34,6 +34,9 @@ func (p *Pool) ExportPage(dst []byte, s *Sequence, i int) ([]byte, int, error) {
 	if i < 0 || i >= len(s.table) || i*ps >= s.length {
 		return dst, 0, fmt.Errorf("%w: page %d of a sequence of length %d", ErrInvalid, i, s.length)
 	}
+	if i < s.dropped {
+		return dst, 0, fmt.Errorf("%w: page %d was given back behind the attention window", ErrInvalid, i)
+	}
 	if err := p.verify(s, 0); err != nil {
 		return dst, 0, p.fail(s, "export", err)
 	}
@@ -49,6 +52,11 @@ func (p *Pool) ExportPages(s *Sequence) (pages [][]byte, filled []int, err error
 	}
 	if err := p.verify(s, 0); err != nil {
 		return nil, nil, p.fail(s, "export", err)
+	}
+	if s.dropped > 0 {
+		// A handoff carries the whole prompt: the receiver commits only
+		// pages 0..n of it, every one imported.
+		return nil, nil, fmt.Errorf("%w: export of a sequence that gave back %d pages behind its attention window", ErrInvalid, s.dropped)
 	}
 	ps := p.layout.PageSize
 	for i := 0; i*ps < s.length; i++ {

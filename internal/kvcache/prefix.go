@@ -149,6 +149,9 @@ func (p *Pool) PublishPrefix(s *Sequence, tokens []int, salt string) int {
 		key := p.key(s.owner.Tenant, salt, tokens[i*ps:(i+1)*ps], parent)
 		k := key
 		parent = &k
+		if i < s.dropped {
+			continue // given back behind the window: nothing to publish
+		}
 		id := s.table[i].id
 		pg := &p.ledger[id]
 		if pg.indexed {

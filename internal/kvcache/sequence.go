@@ -32,6 +32,10 @@ type Sequence struct {
 	cached  int
 	closed  bool
 	viewGen uint64 // bumped whenever the current View stops being valid
+	// dropped is the number of leading block-table entries whose pages
+	// DropBefore gave back (behind an attention window); their entries
+	// are zero, so no check can match them again.
+	dropped int
 	// imported is, per page, the positions ImportPage wrote from another
 	// node, until CommitImport makes them the sequence's content.
 	imported []int32
@@ -53,8 +57,17 @@ func (s *Sequence) Owner() request.Owner { return s.owner }
 func (s *Sequence) Len() int { return s.length }
 
 // NumPages is the number of pages in the block table, reserved ones
-// included.
+// included, and those DropBefore gave back: the table still spans every
+// position from 0, so Capacity and Reserve count from it.
 func (s *Sequence) NumPages() int { return len(s.table) }
+
+// HeldPages is the number of pages the sequence holds: NumPages less the
+// ones DropBefore gave back.
+func (s *Sequence) HeldPages() int { return len(s.table) - s.dropped }
+
+// DroppedPages is the number of leading pages DropBefore gave back;
+// positions before DroppedPages()*page size can no longer be read.
+func (s *Sequence) DroppedPages() int { return s.dropped }
 
 // Capacity is the number of positions the block table can hold.
 func (s *Sequence) Capacity() int {
@@ -71,7 +84,8 @@ func (s *Sequence) CachedTokens() int { return s.cached }
 // Released reports whether the sequence was released or aborted.
 func (s *Sequence) Released() bool { return s.closed }
 
-// Pages returns a copy of the block table's page ids.
+// Pages returns a copy of the block table's page ids (0 for the pages
+// DropBefore gave back).
 func (s *Sequence) Pages() []PageID {
 	out := make([]PageID, len(s.table))
 	for i, e := range s.table {
@@ -157,6 +171,7 @@ func (p *Pool) close(s *Sequence) {
 	s.table = nil
 	s.imported = nil
 	s.length = 0
+	s.dropped = 0
 	s.viewGen++
 	delete(p.live, s)
 }
@@ -209,7 +224,7 @@ func (p *Pool) end(s *Sequence, quarantine bool) {
 	var bad []int
 	// Last page first: a prompt's later pages then enter the LRU before
 	// its earlier ones and are evicted first, keeping chains' heads.
-	for i := len(s.table) - 1; i >= 0; i-- {
+	for i := len(s.table) - 1; i >= s.dropped; i-- {
 		if !p.matches(s, i) {
 			bad = append(bad, i)
 			continue
@@ -236,7 +251,7 @@ func (p *Pool) end(s *Sequence, quarantine bool) {
 // owns is quarantined, its shared references are dropped, and entries that
 // are not s's are left to their real holders.
 func (p *Pool) quarantineSequence(s *Sequence) {
-	for i := len(s.table) - 1; i >= 0; i-- {
+	for i := len(s.table) - 1; i >= s.dropped; i-- {
 		if !p.matches(s, i) {
 			continue
 		}
@@ -301,6 +316,12 @@ func (p *Pool) Fork(parent *Sequence, owner request.Owner) (*Sequence, error) {
 	if err := p.verify(parent, 0); err != nil {
 		return nil, p.fail(parent, "fork", err)
 	}
+	if parent.dropped > 0 {
+		// The child would start with positions nobody holds; a fork
+		// (best_of, n) happens right after the prompt, before any
+		// window could leave a page behind.
+		return nil, fmt.Errorf("%w: fork of %v, which gave back %d pages behind its attention window", ErrInvalid, parent.owner, parent.dropped)
+	}
 	ps := p.layout.PageSize
 	full, rest := parent.length/ps, parent.length%ps
 	if rest > 0 && p.FreePages() == 0 {
@@ -338,6 +359,49 @@ func (p *Pool) Fork(parent *Sequence, owner request.Owner) (*Sequence, error) {
 	}
 	child.length = parent.length
 	return child, nil
+}
+
+// DropBefore gives back the pages of s that hold only positions before
+// pos, for a model whose every layer attends to a sliding window: once the
+// next position to compute is q, keys before q-window+1 are never read
+// again (llama.cpp's n_swa rule: k is seen from q iff q-k < window), so the
+// caller passes pos = Len()-window+1. Only full, written pages are given
+// back (never the one holding Len(), nor reserved ones); owned pages are
+// scrubbed and freed, references to shared (prefix-cache) pages dropped,
+// exactly as Release does. s is checked against the ledger first, like
+// Begin: on a mismatch nothing is given back, s's pages are quarantined, s
+// ends and the error wraps ErrViolation. The block table keeps its length
+// (entries for the pages given back become zero, and Views refuse them),
+// so positions, Capacity and Reserve are unchanged. Any View of s becomes
+// stale. It returns the number of pages given back.
+func (p *Pool) DropBefore(s *Sequence, pos int) (int, error) {
+	if err := p.usable(s); err != nil {
+		return 0, err
+	}
+	ps := p.layout.PageSize
+	upto := min(max(pos, 0), s.length) / ps // pages [0, upto) are behind pos
+	if upto <= s.dropped {
+		return 0, nil
+	}
+	if len(s.imported) > 0 {
+		return 0, fmt.Errorf("%w: drop in a sequence with an import pending", ErrInvalid)
+	}
+	if err := p.verify(s, 0); err != nil {
+		return 0, p.fail(s, "drop", err)
+	}
+	n := 0
+	for i := s.dropped; i < upto; i++ {
+		if s.table[i].shared {
+			p.unref(s.table[i].id)
+		} else {
+			p.freePage(s.table[i].id)
+		}
+		s.table[i] = entry{}
+		n++
+	}
+	s.dropped = upto
+	s.viewGen++
+	return n, nil
 }
 
 // copyPage copies the first n positions of every layer's K and V from src

@@ -22,8 +22,18 @@ func (p *Pool) verify(s *Sequence, n int) error {
 	if n > capacity-s.length {
 		return fmt.Errorf("window of %d positions at %d exceeds the %d reserved positions", n, s.length, capacity)
 	}
-	for i, e := range s.table {
-		id := e.id
+	// Pages given back behind an attention window (DropBefore) are full
+	// pages before the end, and their entries stay zero.
+	if s.dropped < 0 || s.dropped*ps > s.length {
+		return fmt.Errorf("%d pages given back behind the window, more than the %d positions written", s.dropped, s.length)
+	}
+	for i := range s.dropped {
+		if s.table[i] != (entry{}) {
+			return fmt.Errorf("entry %d names page %d, but the sequence gave its first %d pages back", i, s.table[i].id, s.dropped)
+		}
+	}
+	for i := s.dropped; i < len(s.table); i++ {
+		id := s.table[i].id
 		if !p.matches(s, i) {
 			return p.describeMismatch(s, i)
 		}
@@ -83,6 +93,7 @@ type View struct {
 	gen   uint64
 	start int
 	n     int
+	first int     // pages before it were given back (DropBefore)
 	table []entry // the pages the window reaches, no more
 }
 
@@ -104,7 +115,7 @@ func (p *Pool) Begin(s *Sequence, n int) (*View, error) {
 	ps := p.layout.PageSize
 	end := (s.length + n + ps - 1) / ps
 	s.viewGen++
-	return &View{pool: p, seq: s, gen: s.viewGen, start: s.length, n: n, table: s.table[:end:end]}, nil
+	return &View{pool: p, seq: s, gen: s.viewGen, start: s.length, n: n, first: s.dropped, table: s.table[:end:end]}, nil
 }
 
 // Commit records the view's N positions as written: the sequence's length
@@ -153,8 +164,13 @@ func (v *View) PageSize() int { return v.pool.layout.PageSize }
 func (v *View) Layout() Layout { return v.pool.layout }
 
 // NumPages is the number of pages the window reaches: page indexes
-// 0..NumPages()-1 are valid arguments of K and V.
+// FirstPage()..NumPages()-1 are valid arguments of K and V.
 func (v *View) NumPages() int { return len(v.table) }
+
+// FirstPage is the first page the view can read: 0, or the number of
+// pages the sequence gave back behind its attention window
+// (Pool.DropBefore). K, V, K16 and V16 of an earlier page are empty.
+func (v *View) FirstPage() int { return v.first }
 
 // errStale is what a stale View reports through package invariants.
 var errStale = errors.New("kvcache: read through a stale view")
@@ -168,6 +184,14 @@ func (v *View) valid(page int) (lo, hi int, ok bool) {
 		v.pool.violations.Add(1)
 		_ = invariants.Failf("%v: %v page %d", errStale, s.owner, page)
 		return 0, 0, false
+	}
+	if page < v.first {
+		// A page given back behind the attention window (maybe someone
+		// else's by now): an empty slice, so that any read of it is an
+		// index panic, never data. It is not nil, so that a caller
+		// probing page 0 for the pool's dtype or the view's staleness
+		// (K nil: F16 pool; K and K16 nil: stale) still learns that.
+		return 0, 0, true
 	}
 	ps := v.pool.layout.PageSize
 	n := min(v.start+v.n-page*ps, ps)
