@@ -74,6 +74,9 @@ type decodeReq struct {
 	// sent about it (Committed, Abort) has gone out: only then may tokens
 	// follow, so that the gateway never sees a token before the commit.
 	settled chan struct{}
+	// logprobs: the request asked for them, so every token carries them
+	// (and none does otherwise).
+	logprobs bool
 }
 
 // NewDecode builds the driver; Run runs it.
@@ -235,7 +238,7 @@ func (d *Decode) generate(ctx context.Context, from transfer.Peer, m *transfer.G
 		return
 	}
 	r := &decodeReq{ref: transfer.Ref{ID: res.ID, Owner: res.Owner, Epoch: res.Epoch}, gateway: from, sender: m.Sender, stream: st, cancel: cancel,
-		settled: make(chan struct{})}
+		settled: make(chan struct{}), logprobs: m.Job.Sampling.Logprobs}
 	d.reqs[res.ID] = r
 	d.byOw[res.Owner] = r
 	d.wg.Add(1)
@@ -252,11 +255,12 @@ func (d *Decode) relay(ctx context.Context, r *decodeReq) {
 	}
 	const batch = 64
 	var ids []int
+	var lps []*request.Logprobs
 	next := 0
 	flush := func() {
 		if len(ids) > 0 {
-			d.send(ctx, r.gateway, &transfer.Tokens{Ref: r.ref, Start: next - len(ids), IDs: ids})
-			ids = nil
+			d.send(ctx, r.gateway, &transfer.Tokens{Ref: r.ref, Start: next - len(ids), IDs: ids, Logprobs: lps})
+			ids, lps = nil, nil
 		}
 	}
 	for {
@@ -264,7 +268,7 @@ func (d *Decode) relay(ctx context.Context, r *decodeReq) {
 		if err == io.EOF {
 			break
 		}
-		if err != nil || tok.Owner != r.ref.Owner || tok.Index != next {
+		if err != nil || tok.Owner != r.ref.Owner || tok.Index != next || (tok.Logprobs != nil) != r.logprobs {
 			// The scheduler's own contract broke: end the request
 			// rather than forward something we cannot vouch for.
 			_ = d.cfg.Sched.Fail(r.ref.Owner, fmt.Errorf("%w: token %d of %v on the stream of %v (%v)", request.ErrInternal, tok.Index, tok.Owner, r.ref.Owner, err))
@@ -276,6 +280,9 @@ func (d *Decode) relay(ctx context.Context, r *decodeReq) {
 			break
 		}
 		ids = append(ids, tok.ID)
+		if r.logprobs {
+			lps = append(lps, tok.Logprobs)
+		}
 		next++
 		// Flush at once unless more are already waiting: a stream's
 		// latency matters more than a frame's size.
@@ -331,7 +338,7 @@ func (d *Decode) effects(ctx context.Context) {
 		case *transfer.Send:
 			d.send(ctx, e.To, e.Msg)
 		case *transfer.Deliver:
-			if err := d.cfg.Sched.CommitImport(e.Owner, e.TotalTokens, e.FirstToken); err != nil {
+			if err := d.cfg.Sched.CommitImport(e.Owner, e.TotalTokens, e.FirstToken, e.FirstLogprobs); err != nil {
 				// The scheduler ended the request (scrubbed, or
 				// quarantined on a violation): its stream's Result says so.
 				d.log.Error("committed handoff refused by the pool", "owner", e.Owner, "err", err)

@@ -706,19 +706,27 @@ func (rt *Router) inbound(ctx context.Context, in link.Inbound) {
 		if c == nil {
 			return
 		}
+		// Logprobs exactly as asked: none when none were, top_logprobs
+		// alternatives each when they were. More is a broken peer.
+		lpErr := checkTokenLogprobs(m, c.params.Sampling)
 		rt.mu.Lock()
-		ok := c.committed && m.Start == c.next && !c.ended
+		ok := c.committed && m.Start == c.next && !c.ended && lpErr == nil
 		if ok {
 			c.next += len(m.IDs)
 			for i, id := range m.IDs {
-				c.buf = append(c.buf, request.Token{Owner: c.owner, Index: m.Start + i, ID: id})
+				t := request.Token{Owner: c.owner, Index: m.Start + i, ID: id}
+				if m.Logprobs != nil {
+					t.Logprobs = m.Logprobs[i]
+				}
+				c.buf = append(c.buf, t)
 			}
 		}
 		rt.mu.Unlock()
 		if !ok {
-			// Tokens before the commit, or out of order: never relayed.
+			// Tokens before the commit, out of order, or with logprobs
+			// other than asked: never relayed.
 			rt.refused.Add(1)
-			rt.fail(c, fmt.Errorf("%w: tokens %d.. from %s (committed %v)", request.ErrInternal, m.Start, from, c.committed), transfer.ReasonNone)
+			rt.fail(c, fmt.Errorf("%w: tokens %d.. from %s (committed %v, logprobs: %v)", request.ErrInternal, m.Start, from, c.committed, lpErr), transfer.ReasonNone)
 			rt.abort(c, request.ErrInternal)
 			return
 		}
@@ -947,4 +955,28 @@ func (rt *Router) failDependents(node transfer.Peer, cause error) {
 			cancel()
 		}
 	}
+}
+
+// checkTokenLogprobs checks that a Tokens message carries the logprobs its
+// request asked for: one per token with exactly TopLogprobs alternatives,
+// or none at all.
+func checkTokenLogprobs(m *transfer.Tokens, s request.Sampling) error {
+	if !s.Logprobs {
+		if m.Logprobs != nil {
+			return errors.New("logprobs sent for a request that asked for none")
+		}
+		return nil
+	}
+	if len(m.Logprobs) != len(m.IDs) {
+		return fmt.Errorf("%d logprobs for %d tokens", len(m.Logprobs), len(m.IDs))
+	}
+	for i, lp := range m.Logprobs {
+		if lp == nil {
+			return fmt.Errorf("token %d without logprobs", m.Start+i)
+		}
+		if err := lp.Check(s.TopLogprobs, 0); err != nil {
+			return fmt.Errorf("token %d: %w", m.Start+i, err)
+		}
+	}
+	return nil
 }

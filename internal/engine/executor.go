@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/pagewarden/pagewarden/internal/model"
@@ -16,6 +17,7 @@ import (
 type Executor struct {
 	e   *Engine
 	smp sample.Sampler // reused for every draw: one goroutine drives Execute
+	raw []float32      // a row's raw logits, kept for logprobs across the draw
 }
 
 var _ sched.Executor = (*Executor)(nil)
@@ -49,15 +51,35 @@ func (x *Executor) Execute(ctx context.Context, b *sched.Batch) ([]sched.Outcome
 		if !it.Sample {
 			continue
 		}
-		var allowed []uint64
-		if g := it.Sampling.Grammar; g != nil {
-			allowed, err = x.e.cons.mask(x.e, it.Owner, g, it.SampleIndex, it.History)
-			if err != nil {
-				out[i].Err = fmt.Errorf("engine: step %d: constraint: %w", b.Step, err)
-				continue
+		row := logits[i]
+		if it.Sampling.Logprobs {
+			// The draw adjusts the row in place; logprobs are the raw
+			// distribution's (sample.Logprobs), so keep a copy. Only
+			// requests that ask pay for it.
+			x.raw = append(x.raw[:0], row...)
+		}
+		var tok int
+		if it.Sampling.Forced != nil {
+			// Teacher forcing (the replay audit): the token is given,
+			// its logits are scored; no constraint or draw applies.
+			tok, err = forced(it.Sampling.Forced, it.SampleIndex, row)
+		} else {
+			var allowed []uint64
+			if g := it.Sampling.Grammar; g != nil {
+				allowed, err = x.e.cons.mask(x.e, it.Owner, g, it.SampleIndex, it.History)
+				if err != nil {
+					out[i].Err = fmt.Errorf("engine: step %d: constraint: %w", b.Step, err)
+					continue
+				}
+			}
+			tok, err = DrawAllowed(&x.smp, it.Sampling, it.SampleIndex, it.History, row, allowed)
+		}
+		if err == nil && it.Sampling.Logprobs {
+			lp := &request.Logprobs{}
+			if err = sample.Logprobs(x.raw, tok, it.Sampling.TopLogprobs, lp); err == nil {
+				out[i].Logprobs = lp
 			}
 		}
-		tok, err := DrawAllowed(&x.smp, it.Sampling, it.SampleIndex, it.History, logits[i], allowed)
 		if err != nil {
 			// This request fails alone; its neighbours' logits are their own.
 			out[i].Err = fmt.Errorf("engine: step %d: %w", b.Step, err)
@@ -103,6 +125,22 @@ func DrawAllowed(s *sample.Sampler, cfg request.Sampling, index int, history []i
 		}
 	}
 	return s.Sample(logits)
+}
+
+// ErrForced is a teacher-forced request whose forced tokens do not cover
+// the index asked for, or name a token outside the vocabulary.
+var ErrForced = errors.New("engine: forced token out of range")
+
+// forced returns generated token index of a teacher-forced request, after
+// the same finiteness check a draw makes of its logits.
+func forced(tokens []int, index int, logits []float32) (int, error) {
+	if _, err := sample.ArgmaxFinite(logits); err != nil {
+		return 0, err
+	}
+	if index < 0 || index >= len(tokens) || tokens[index] < 0 || tokens[index] >= len(logits) {
+		return 0, fmt.Errorf("%w: index %d of %d forced tokens", ErrForced, index, len(tokens))
+	}
+	return tokens[index], nil
 }
 
 // mixSeed derives a per-token seed (splitmix64 finaliser).

@@ -85,7 +85,77 @@ type Sampling struct {
 	// means unconstrained. It is immutable and shared; each sequence
 	// keeps its own automaton state.
 	Grammar *grammar.Grammar
+	// Logprobs asks for the log-probability of every generated token
+	// (Token.Logprobs), and TopLogprobs (0..MaxTopLogprobs) for that
+	// many of the most likely tokens at each position too. They are the
+	// raw model distribution's: a log-softmax over the whole vocabulary
+	// of the logits before the logit bias, penalties, temperature,
+	// filters and output constraint (what OpenAI and vLLM's default
+	// report), so that they do not depend on how the token was drawn.
+	// Off, nothing is computed.
+	Logprobs    bool
+	TopLogprobs int
+	// Forced, when not nil, is teacher forcing (the replay audit): the
+	// generated token at index i is Forced[i], not a draw, and the
+	// request's MaxTokens is at most len(Forced). The logits are computed
+	// as for a draw, so Logprobs score the forced tokens.
+	Forced []int
 }
+
+// MaxTopLogprobs bounds Sampling.TopLogprobs at every layer (OpenAI's
+// top_logprobs limit).
+const MaxTopLogprobs = 20
+
+// TokenLogprob is one token's natural-log probability at a position.
+type TokenLogprob struct {
+	ID      int
+	Logprob float32
+}
+
+// Logprobs are one generated position's log-probabilities: the emitted
+// token's, and the TopLogprobs most likely tokens', best first (ties by
+// lower id).
+type Logprobs struct {
+	Logprob float32
+	Top     []TokenLogprob
+}
+
+// Check reports whether l is what a request asking for top alternatives
+// may receive over a vocabulary of vocab tokens (vocab <= 0: unknown):
+// exactly min(top, vocab) alternatives, every log-probability finite and
+// at most 0, ids in the vocabulary, each once, best first. A peer that
+// sends more than was asked, NaN or an infinity breaks the protocol.
+func (l *Logprobs) Check(top, vocab int) error {
+	want := top
+	if vocab > 0 {
+		want = min(top, vocab)
+	}
+	if len(l.Top) != want {
+		return fmt.Errorf("request: %d top logprobs, %d asked", len(l.Top), want)
+	}
+	if !validLogprob(l.Logprob) {
+		return fmt.Errorf("request: logprob %v is not a finite value <= 0", l.Logprob)
+	}
+	for i, t := range l.Top {
+		if !validLogprob(t.Logprob) {
+			return fmt.Errorf("request: top logprob %d is %v, not a finite value <= 0", i, t.Logprob)
+		}
+		if t.ID < 0 || (vocab > 0 && t.ID >= vocab) {
+			return fmt.Errorf("request: top logprob %d names token %d outside the vocabulary", i, t.ID)
+		}
+		if i > 0 && t.Logprob > l.Top[i-1].Logprob {
+			return fmt.Errorf("request: top logprobs out of order at %d", i)
+		}
+		for _, u := range l.Top[:i] {
+			if u.ID == t.ID {
+				return fmt.Errorf("request: top logprobs name token %d twice", t.ID)
+			}
+		}
+	}
+	return nil
+}
+
+func validLogprob(v float32) bool { return v <= 0 && v >= -math.MaxFloat32 }
 
 // TokenBias is one entry of Sampling.LogitBias.
 type TokenBias struct {
@@ -180,6 +250,9 @@ type Token struct {
 	Owner Owner
 	Index int // 0 for the first generated token
 	ID    int
+	// Logprobs is set when the request asked for them
+	// (Sampling.Logprobs), nil otherwise.
+	Logprobs *Logprobs
 }
 
 // Usage counts tokens exactly.

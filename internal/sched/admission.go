@@ -80,7 +80,18 @@ func (l Limits) Admit(p request.Params) (Admitted, error) {
 		return Admitted{}, fmt.Errorf("%w: %d stop tokens and %d logit-bias entries (at most %d and %d)",
 			ErrInvalidRequest, len(p.StopTokens), len(p.Sampling.LogitBias), request.MaxStopTokens, request.MaxLogitBias)
 	}
+	if s := p.Sampling; s.TopLogprobs < 0 || s.TopLogprobs > request.MaxTopLogprobs || (s.TopLogprobs > 0 && !s.Logprobs) {
+		return Admitted{}, fmt.Errorf("%w: %d top logprobs (logprobs %v; at most %d)", ErrInvalidRequest, s.TopLogprobs, s.Logprobs, request.MaxTopLogprobs)
+	}
+	if f := p.Sampling.Forced; f != nil && len(f) < p.MaxTokens {
+		return Admitted{}, fmt.Errorf("%w: %d forced tokens for max_tokens %d", ErrInvalidRequest, len(f), p.MaxTokens)
+	}
 	if l.Vocab > 0 {
+		for i, t := range p.Sampling.Forced {
+			if t < 0 || t >= l.Vocab {
+				return Admitted{}, fmt.Errorf("%w: forced token %d is %d, outside the vocabulary of %d", ErrInvalidRequest, i, t, l.Vocab)
+			}
+		}
 		for i, t := range p.Prompt {
 			if t < 0 || t >= l.Vocab {
 				return Admitted{}, fmt.Errorf("%w: prompt token %d is %d, outside the vocabulary of %d", ErrInvalidRequest, i, t, l.Vocab)
@@ -101,5 +112,6 @@ func (l Limits) Admit(p request.Params) (Admitted, error) {
 	q.Prompt = slices.Clone(p.Prompt)
 	q.StopTokens = slices.Clone(p.StopTokens)
 	q.Sampling.LogitBias = slices.Clone(p.Sampling.LogitBias)
+	q.Sampling.Forced = slices.Clone(p.Sampling.Forced)
 	return Admitted{a: &admission{params: q, limits: l}}, nil
 }

@@ -51,6 +51,9 @@ type Outcome struct {
 	Owner request.Owner
 	// Token is the sampled token id when the item asked for a sample.
 	Token int
+	// Logprobs are the token's log-probabilities when the request asked
+	// for them (request.Sampling.Logprobs); they go out with the token.
+	Logprobs *request.Logprobs
 	// Err fails this item only: its request is aborted with an internal
 	// error and its pages are handed to kvcache.Pool.Abort.
 	Err error

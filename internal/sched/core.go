@@ -65,6 +65,21 @@ type Config struct {
 	// active tenant, by UpdatePolicies; between two UpdatePolicies it must
 	// return the same answers (the core is deterministic).
 	Policy func(request.Tenant) TenantPolicy
+	// Window, when positive, is the attention window of a model whose
+	// every layer attends only to the last Window positions (mistral,
+	// phi3: model.Config.EveryLayerWindow). After each step a running
+	// sequence gives back the pages wholly behind it
+	// (kvcache.Pool.DropBefore), so that a long generation holds at most
+	// ceil(Window/PageSize)+1 pages (plus a prefill chunk's) and its tenant
+	// is charged only those. A prefill-only request keeps its pages: the
+	// handoff sends the whole prompt, and the decode node gives them back
+	// after its first step. Admission does not count on it: the quota and
+	// capacity checks (and ComputeLimits) still size a request at its full
+	// prompt + max_tokens, since a sequence holds all of its prompt's
+	// cached pages, or a whole prefill chunk, before its first drop; the
+	// pages given back only leave more room to run others and fewer
+	// preemptions. 0 keeps every page.
+	Window int
 	// QuarantineReapAfter scrubs and frees, on Tick, pages that have been
 	// quarantined (after an isolation violation) for at least this long,
 	// as the core's clock (Tick) measures it from when it first saw them
@@ -109,6 +124,8 @@ func (c *Config) Validate() error {
 			ErrConfig, c.MaxBatchTokens, c.MaxRunning, c.MaxQueued, c.MaxQueuedPerTenant, c.WatermarkPages, c.MaxQueueWait)
 	case c.QuarantineReapAfter < 0:
 		return fmt.Errorf("%w: quarantine reap delay %v", ErrConfig, c.QuarantineReapAfter)
+	case c.Window < 0:
+		return fmt.Errorf("%w: attention window %d", ErrConfig, c.Window)
 	}
 	return nil
 }
@@ -127,7 +144,7 @@ type req struct {
 	generated int   // tokens sampled, a final stop token included
 	computed  int   // positions whose KV is written (== seq.Len())
 	seq       *kvcache.Sequence
-	pages     int // pages charged to the tenant (seq.NumPages())
+	pages     int // pages charged to the tenant (seq.HeldPages())
 
 	order       uint64 // arrival number: FIFO and the last tie-break
 	started     uint64 // step in which it last started running
@@ -601,7 +618,7 @@ func (c *Core) schedule() *Batch {
 			c.pool.Release(seq)
 			continue
 		}
-		r.seq, r.pages, r.computed = seq, seq.NumPages(), cached
+		r.seq, r.pages, r.computed = seq, seq.HeldPages(), cached
 		if r.preemptions == 0 {
 			r.cached = cached
 			c.stats.QueueWait.observe(c.now.Sub(r.enqueued))
@@ -734,8 +751,8 @@ func (c *Core) grow(r *req, positions int) bool {
 		} else {
 			err := c.pool.Reserve(r.seq, positions-r.seq.Len())
 			if err == nil {
-				t.pages += r.seq.NumPages() - r.pages
-				r.pages = r.seq.NumPages()
+				t.pages += r.seq.HeldPages() - r.pages
+				r.pages = r.seq.HeldPages()
 				return true
 			}
 			if !errors.Is(err, kvcache.ErrNoPages) {
@@ -966,8 +983,9 @@ func (c *Core) Advance(b *Batch, outs []Outcome, execErr error) error {
 		}
 		r.computed += len(it.Tokens)
 		if it.Sample {
-			c.take(r, outs[i].Token)
+			c.take(r, outs[i].Token, outs[i].Logprobs)
 		}
+		c.dropBehindWindow(r)
 	}
 	c.inflight = nil
 	c.inflightReqs = c.inflightReqs[:0]
@@ -975,14 +993,34 @@ func (c *Core) Advance(b *Batch, outs []Outcome, execErr error) error {
 	return nil
 }
 
-// take applies one sampled token to r.
-func (c *Core) take(r *req, tok int) {
+// dropBehindWindow gives back the pages of r's sequence that its model's
+// attention window has left behind (Config.Window), once a step is
+// committed: the next position computed is Len(), which sees keys from
+// Len()-Window+1 on. The pool checks the sequence against the ledger
+// first; a violation ends r like a failed commit.
+func (c *Core) dropBehindWindow(r *req) {
+	if c.cfg.Window <= 0 || r.seq == nil || r.prefillOnly || r.life.State().Terminal() {
+		return
+	}
+	n, err := c.pool.DropBefore(r.seq, r.seq.Len()-c.cfg.Window+1)
+	if err != nil {
+		c.dropPages(r, err)
+		cause := fmt.Errorf("%w: %w", request.ErrInternal, err)
+		c.end(r, func(l *Lifecycle) error { return l.Abort(cause) })
+		return
+	}
+	r.pages -= n
+	r.tenant.pages -= n
+}
+
+// take applies one sampled token (and its logprobs, if asked) to r.
+func (c *Core) take(r *req, tok int, lp *request.Logprobs) {
 	if r.life.State() == StatePrefilling {
 		if r.prefillOnly {
 			if c.cfg.PrefixCache && r.preemptions == 0 {
 				c.pool.PublishPrefix(r.seq, r.params.Prompt, r.params.CacheSalt)
 			}
-			c.export(r, tok)
+			c.export(r, tok, lp)
 			return
 		}
 		// An imported prompt is not published: the prefill node's
@@ -1001,7 +1039,7 @@ func (c *Core) take(r *req, tok int) {
 	// The stop token is delivered too: usage counts it (as vLLM does), and
 	// the gateway checks that usage equals what it was sent; it hides the
 	// text of end-of-generation tokens itself.
-	c.out.Tokens = append(c.out.Tokens, request.Token{Owner: r.owner, Index: r.generated - 1, ID: tok})
+	c.out.Tokens = append(c.out.Tokens, request.Token{Owner: r.owner, Index: r.generated - 1, ID: tok, Logprobs: lp})
 	if slices.Contains(r.params.StopTokens, tok) || (!r.params.IgnoreEOS && slices.Contains(c.cfg.EndTokens, tok)) {
 		c.finish(r, request.FinishStop)
 		return
@@ -1047,8 +1085,12 @@ func (c *Core) CheckInvariants() error {
 			bad("running %v: state %s, pages %v", r.owner, r.life.State(), r.seq != nil)
 			continue
 		}
-		if r.seq.Released() || r.pages != r.seq.NumPages() || r.seq.Owner() != r.owner {
-			bad("running %v: sequence released %v, pages %d vs %d, owner %v", r.owner, r.seq.Released(), r.pages, r.seq.NumPages(), r.seq.Owner())
+		if r.seq.Released() || r.pages != r.seq.HeldPages() || r.seq.Owner() != r.owner {
+			bad("running %v: sequence released %v, pages %d vs %d, owner %v", r.owner, r.seq.Released(), r.pages, r.seq.HeldPages(), r.seq.Owner())
+		}
+		// Only pages wholly behind the window are ever given back.
+		if d := r.seq.DroppedPages(); d > 0 && (c.cfg.Window <= 0 || r.prefillOnly || d*c.lim.PageSize > r.seq.Len()-c.cfg.Window+1) {
+			bad("running %v: %d pages given back at length %d with window %d (prefill only %v)", r.owner, d, r.seq.Len(), c.cfg.Window, r.prefillOnly)
 		}
 		if !r.inFlight && r.computed != r.seq.Len() {
 			bad("running %v: computed %d, sequence length %d", r.owner, r.computed, r.seq.Len())

@@ -43,8 +43,10 @@ type Export struct {
 	Owner      request.Owner
 	Tokens     int // positions: the prompt's length
 	FirstToken int // sampled from the prompt's last position
-	Filled     []int
-	Pages      [][]byte
+	// FirstLogprobs are FirstToken's, when the request asked for them.
+	FirstLogprobs *request.Logprobs
+	Filled        []int
+	Pages         [][]byte
 }
 
 // SubmitPrefill is Submit for a request that ends after its prompt: when
@@ -149,7 +151,7 @@ func (c *Core) ImportPage(owner request.Owner, i, filled int, data []byte) error
 // one would be. On any error the request is aborted and its pages go back
 // scrubbed (quarantined on a violation): a handoff that does not match is
 // never decoded from.
-func (c *Core) CommitImport(owner request.Owner, tokens, firstToken int) error {
+func (c *Core) CommitImport(owner request.Owner, tokens, firstToken int, firstLogprobs *request.Logprobs) error {
 	r, err := c.importing(owner)
 	if err != nil {
 		return err
@@ -162,6 +164,10 @@ func (c *Core) CommitImport(owner request.Owner, tokens, firstToken int) error {
 		err = fmt.Errorf("%w: the handoff holds %d positions, the prompt has %d", kvcache.ErrHandoff, tokens, len(r.params.Prompt))
 	case c.lim.Vocab > 0 && (firstToken < 0 || firstToken >= c.lim.Vocab):
 		err = fmt.Errorf("%w: first token %d outside the vocabulary of %d", kvcache.ErrHandoff, firstToken, c.lim.Vocab)
+	case (firstLogprobs != nil) != r.params.Sampling.Logprobs:
+		err = fmt.Errorf("%w: first token's logprobs sent %v, asked %v", kvcache.ErrHandoff, firstLogprobs != nil, r.params.Sampling.Logprobs)
+	case firstLogprobs != nil && firstLogprobs.Check(r.params.Sampling.TopLogprobs, c.lim.Vocab) != nil:
+		err = fmt.Errorf("%w: first token's logprobs: %w", kvcache.ErrHandoff, firstLogprobs.Check(r.params.Sampling.TopLogprobs, c.lim.Vocab))
 	default:
 		err = c.pool.CommitImport(r.seq, tokens)
 	}
@@ -171,7 +177,7 @@ func (c *Core) CommitImport(owner request.Owner, tokens, firstToken int) error {
 	}
 	r.awaitingImport, r.imported = false, true
 	r.computed = tokens
-	c.take(r, firstToken)
+	c.take(r, firstToken, firstLogprobs)
 	return nil
 }
 
@@ -185,12 +191,12 @@ func (c *Core) failImport(r *req, err error) {
 
 // export hands r's prompt KV out (Ready.Exports) and finishes r: the end
 // of a prefill-only request, called with its first token.
-func (c *Core) export(r *req, tok int) {
+func (c *Core) export(r *req, tok int, lp *request.Logprobs) {
 	if err := r.life.Handoff(); err != nil {
 		_ = invariants.Failf("sched: %v", err)
 		return
 	}
-	ex := Export{Owner: r.owner, Tokens: r.computed, FirstToken: tok}
+	ex := Export{Owner: r.owner, Tokens: r.computed, FirstToken: tok, FirstLogprobs: lp}
 	pages, filled, err := c.pool.ExportPages(r.seq)
 	if err == nil && len(pages) != c.lim.PagesFor(r.computed) {
 		err = invariants.Failf("sched: export of %v: %d pages for %d computed positions", r.owner, len(pages), r.computed)
@@ -205,7 +211,7 @@ func (c *Core) export(r *req, tok int) {
 	}
 	ex.Pages, ex.Filled = pages, filled
 	r.generated++
-	c.out.Tokens = append(c.out.Tokens, request.Token{Owner: r.owner, Index: 0, ID: tok})
+	c.out.Tokens = append(c.out.Tokens, request.Token{Owner: r.owner, Index: 0, ID: tok, Logprobs: lp})
 	c.out.Exports = append(c.out.Exports, ex)
 	c.end(r, (*Lifecycle).HandedOff)
 }

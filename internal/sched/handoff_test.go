@@ -75,7 +75,7 @@ func TestPrefillThenImport(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if err := dec.core.CommitImport(p.Owner, ex.Tokens, ex.FirstToken); err != nil {
+		if err := dec.core.CommitImport(p.Owner, ex.Tokens, ex.FirstToken, ex.FirstLogprobs); err != nil {
 			t.Fatal(err)
 		}
 		dec.drain(t)
@@ -134,7 +134,7 @@ func TestImportMismatchNeverDecodes(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if err := dec.core.CommitImport(p.Owner, tc.tokens, tc.first); !errors.Is(err, kvcache.ErrHandoff) {
+			if err := dec.core.CommitImport(p.Owner, tc.tokens, tc.first, nil); !errors.Is(err, kvcache.ErrHandoff) {
 				t.Fatalf("CommitImport: %v, want kvcache.ErrHandoff", err)
 			}
 			dec.drain(t)
@@ -152,7 +152,7 @@ func TestImportMismatchNeverDecodes(t *testing.T) {
 				t.Fatalf("%d pages kept the handoff's bytes", v)
 			}
 			// No second commit or page for an ended request.
-			if err := dec.core.CommitImport(p.Owner, 8, ex.FirstToken); !errors.Is(err, ErrHandoff) {
+			if err := dec.core.CommitImport(p.Owner, 8, ex.FirstToken, nil); !errors.Is(err, ErrHandoff) {
 				t.Fatalf("commit after the end: %v", err)
 			}
 		})

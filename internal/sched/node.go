@@ -98,6 +98,7 @@ type event struct {
 	filled   int
 	data     []byte
 	firstTok int
+	firstLP  *request.Logprobs
 	stats    chan NodeStats   // stats
 	scrub    chan scrubResult // scrub
 	pagemap  chan PageMap     // pages
@@ -228,8 +229,8 @@ func (n *Node) ImportPage(owner request.Owner, i, filled int, data []byte) error
 }
 
 // CommitImport ends a reserved request's import (see Core.CommitImport).
-func (n *Node) CommitImport(owner request.Owner, tokens, firstToken int) error {
-	ev := event{kind: evCommit, owner: owner, filled: tokens, firstTok: firstToken, reply: make(chan error, 1)}
+func (n *Node) CommitImport(owner request.Owner, tokens, firstToken int, firstLogprobs *request.Logprobs) error {
+	ev := event{kind: evCommit, owner: owner, filled: tokens, firstTok: firstToken, firstLP: firstLogprobs, reply: make(chan error, 1)}
 	if err := n.send(context.Background(), ev); err != nil {
 		return err
 	}
@@ -525,7 +526,7 @@ func (n *Node) apply(ev event) {
 	case evImport:
 		ev.reply <- n.core.ImportPage(ev.owner, ev.index, ev.filled, ev.data)
 	case evCommit:
-		ev.reply <- n.core.CommitImport(ev.owner, ev.filled, ev.firstTok)
+		ev.reply <- n.core.CommitImport(ev.owner, ev.filled, ev.firstTok, ev.firstLP)
 	case evAbort:
 		err := n.core.abort(ev.owner, ev.cause)
 		if ev.reply != nil {

@@ -28,6 +28,8 @@ type Deliver struct {
 	Filled      []int
 	TotalTokens int
 	FirstToken  int
+	// FirstLogprobs are FirstToken's, when the request asked for them.
+	FirstLogprobs *request.Logprobs
 }
 
 // Release asks the driver to scrub and free the pages (kvcache.Release,

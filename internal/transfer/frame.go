@@ -295,6 +295,7 @@ func (e *encoder) manifest(m *Manifest) {
 	for i := range m.PageDigests {
 		e.digest(m.PageDigests[i][:])
 	}
+	e.optLogprobs("first token logprobs", m.FirstLogprobs)
 }
 
 // decoder reads fields from a body, checking every length against what
@@ -461,7 +462,11 @@ func (d *decoder) manifest() *Manifest {
 	m.PageCount = d.int32("page count", MaxPages)
 	m.TotalTokens = d.int32("total tokens", maxInt32)
 	m.FirstToken = d.int32("first token", maxInt32)
-	if d.err != nil || m.PageCount == 0 {
+	if d.err != nil {
+		return m
+	}
+	if m.PageCount == 0 {
+		m.FirstLogprobs = d.optLogprobs("first token logprobs")
 		return m
 	}
 	// Check the lists fit before allocating them.
@@ -477,5 +482,6 @@ func (d *decoder) manifest() *Manifest {
 	for i := range m.PageDigests {
 		m.PageDigests[i] = d.array32("page digest")
 	}
+	m.FirstLogprobs = d.optLogprobs("first token logprobs")
 	return m
 }

@@ -30,6 +30,9 @@ func sampleMessages() []Message {
 		&Grant{Ref: sampleRef(), PageCount: 2, PromptTokens: 19, MaxNewTokens: 30, LeaseTTL: 10 * Second},
 		&Page{Ref: sampleRef(), Index: 1, Filled: 3, Data: pageBytes(1, 1, 3)},
 		&Manifest{Ref: sampleRef(), Layout: testLayout().Hash(), PageCount: 2, Filled: []int{16, 3}, TotalTokens: 19, PageDigests: d, FirstToken: 511},
+		&Manifest{Ref: sampleRef(), Layout: testLayout().Hash(), PageCount: 2, Filled: []int{16, 3}, TotalTokens: 19, PageDigests: d, FirstToken: 511,
+			FirstLogprobs: &request.Logprobs{Logprob: -0.75, Top: []request.TokenLogprob{{ID: 511, Logprob: -0.75}}}},
+		&Manifest{Ref: sampleRef(), FirstToken: 3, FirstLogprobs: &request.Logprobs{Logprob: -2}},
 		&Commit{sampleRef()},
 		&Committed{sampleRef()},
 		&Abort{Ref: sampleRef(), Reason: ReasonDigestMismatch},
@@ -85,6 +88,9 @@ func randomMessage(rng *rand.Rand) Message {
 			d[0] = byte(i)
 			m.PageDigests = append(m.PageDigests, d)
 		}
+		if rng.IntN(2) == 0 {
+			m.FirstLogprobs = randomLogprobs(rng)
+		}
 		return m
 	case MsgCommit:
 		return &Commit{ref}
@@ -94,7 +100,18 @@ func randomMessage(rng *rand.Rand) Message {
 		return &Abort{Ref: ref, Reason: Reason(rng.Uint32())}
 	case MsgAbortAck:
 		return &AbortAck{Ref: ref, Drained: rng.IntN(2) == 0}
-	case MsgGenerate, MsgPrefill, MsgTokens, MsgResult:
+	case MsgTokens:
+		t := &Tokens{Ref: ref, Start: n(maxInt32)}
+		k := rng.IntN(5)
+		lp := rng.IntN(2) == 0
+		for range k {
+			t.IDs = append(t.IDs, n(maxInt32))
+			if lp {
+				t.Logprobs = append(t.Logprobs, randomLogprobs(rng))
+			}
+		}
+		return t
+	case MsgGenerate, MsgPrefill, MsgResult:
 		ms := requestPlaneMessages()
 		return ms[rng.IntN(len(ms))]
 	case MsgLoadQuery:
@@ -106,6 +123,19 @@ func randomMessage(rng *rand.Rand) Message {
 	default:
 		return &Heartbeat{ref}
 	}
+}
+
+// randomLogprobs are valid logprobs: values in [-50, 0], best first,
+// distinct ids.
+func randomLogprobs(rng *rand.Rand) *request.Logprobs {
+	l := &request.Logprobs{Logprob: -rng.Float32() * 50}
+	k := rng.IntN(request.MaxTopLogprobs + 1)
+	v := float32(0)
+	for i := range k {
+		v -= rng.Float32()
+		l.Top = append(l.Top, request.TokenLogprob{ID: i*1000 + rng.IntN(1000), Logprob: v})
+	}
+	return l
 }
 
 // roundTrip checks decode(encode(m)) == m and that the encoding is

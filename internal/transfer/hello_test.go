@@ -21,7 +21,10 @@ func TestCheckPeer(t *testing.T) {
 		wantLocal  string
 		wantRemote string
 	}{
-		{"protocol", func() Hello { l := testLayout(); l.Protocol = 1; return NewHello("p", RolePrefill, l) }, "protocol version", "2", "1"},
+		{"protocol", func() Hello { l := testLayout(); l.Protocol = 1; return NewHello("p", RolePrefill, l) }, "protocol version", "3", "1"},
+		// A node of the previous version (no logprobs on the wire) is
+		// refused at the handshake, not misread frame by frame.
+		{"protocol 2", func() Hello { l := testLayout(); l.Protocol = 2; return NewHello("p", RolePrefill, l) }, "protocol version", "3", "2"},
 		{"model", func() Hello { l := testLayout(); l.ModelDigest[0] ^= 0xff; return NewHello("p", RolePrefill, l) }, "model digest", "", ""},
 		{"dtype", func() Hello { l := testLayout(); l.DType = kvcache.F32; return NewHello("p", RolePrefill, l) }, "dtype", "f16", "f32"},
 		{"page size", func() Hello { l := testLayout(); l.PageSize = 32; return NewHello("p", RolePrefill, l) }, "page size", "16", "32"},

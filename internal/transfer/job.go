@@ -18,16 +18,18 @@ import (
 //	             temperature:f32 topK:int topP:f32 minP:f32 repetition:f32 seed:u64
 //	             presence:f32 frequency:f32 nBias:u16 bias×nBias
 //	             nStop:u8 stop:u32×nStop ignoreEOS:u8 salt:str16 priority:i32
-//	             constraint
+//	             constraint logprobs:u8 topLogprobs:u8 forced
 //	bias      := token:u32 bias:f32                (tokens strictly increasing)
 //	constraint := kind:u8                          0: none
 //	            | kind:u8 strict:u8 schema:bytes32 1: json_object (no schema),
 //	                                               2: json_schema, 3: a tool call
 //	                                               (≤ grammar.MaxSchemaBytes)
+//	forced    := has:u8 [n:u32 id:u32×n]           (teacher forcing: the replay audit)
 //	str16     := len:u16 bytes                     (≤ MaxSaltLen)
 //	Generate  := Reserve job                       gateway → decode
 //	Prefill   := Grant decode:str job              gateway → prefill
-//	Tokens    := ref start:int n:u16 id:u32×n      decode → gateway
+//	Tokens    := ref start:int n:u16 id:u32×n has:u8 logprobs×n   decode → gateway
+//	                                               (logprobs.go)
 //	Result    := ref reason:u8 code:u8 transferReason:u16
 //	             prompt:int completion:int cached:int   decode/prefill → gateway
 //
@@ -47,6 +49,9 @@ const (
 	MaxLogitBias    = request.MaxLogitBias
 	MaxSaltLen      = 4096
 	MaxTokensPerMsg = 4096
+	// MaxForcedTokens bounds a teacher-forced job's tokens (the replay
+	// audit's): no more than a context window's worth.
+	MaxForcedTokens = MaxPromptTokens
 )
 
 // Job is a request's parameters as the gateway admitted them: everything
@@ -89,11 +94,13 @@ type Prefill struct {
 	Job    Job
 }
 
-// Tokens are generated tokens Start, Start+1, ... of a request.
+// Tokens are generated tokens Start, Start+1, ... of a request, with
+// their log-probabilities (one each) when the request asked for them.
 type Tokens struct {
 	Ref
-	Start int
-	IDs   []int
+	Start    int
+	IDs      []int
+	Logprobs []*request.Logprobs
 }
 
 // ErrorCode classifies why a request failed, for the gateway's answer.
@@ -249,6 +256,17 @@ func (e *encoder) job(j *Job) {
 	}
 	e.u32(uint32(int32(j.Priority)))
 	e.constraint(j.Sampling.Grammar)
+	if s.TopLogprobs < 0 || s.TopLogprobs > request.MaxTopLogprobs || (s.TopLogprobs > 0 && !s.Logprobs) {
+		e.fail("top logprobs %d (logprobs %v, limit %d)", s.TopLogprobs, s.Logprobs, request.MaxTopLogprobs)
+		return
+	}
+	if s.Logprobs {
+		e.u8(1)
+	} else {
+		e.u8(0)
+	}
+	e.u8(uint8(s.TopLogprobs))
+	e.forced(s.Forced, j.MaxTokens)
 }
 
 func (e *encoder) constraint(g *grammar.Grammar) {
@@ -306,6 +324,7 @@ func (e *encoder) requestPlane(m Message) bool {
 		e.ref(m.Ref)
 		e.int32("start", m.Start, maxInt32)
 		e.ids("tokens", m.IDs, MaxTokensPerMsg, false)
+		e.tokenLogprobs(m)
 	case *Result:
 		e.ref(m.Ref)
 		if m.Reason > request.FinishError || m.Code >= numCodes {
@@ -415,6 +434,12 @@ func (d *decoder) job() Job {
 	j.CacheSalt = d.str16("cache salt", MaxSaltLen)
 	j.Priority = int(int32(d.u32()))
 	j.Sampling.Grammar = d.constraint()
+	j.Sampling.Logprobs = d.bool("logprobs")
+	j.Sampling.TopLogprobs = int(d.u8())
+	if d.err == nil && (j.Sampling.TopLogprobs > request.MaxTopLogprobs || (j.Sampling.TopLogprobs > 0 && !j.Sampling.Logprobs)) {
+		d.fail("top logprobs %d (logprobs %v, limit %d)", j.Sampling.TopLogprobs, j.Sampling.Logprobs, request.MaxTopLogprobs)
+	}
+	j.Sampling.Forced = d.forced(j.MaxTokens)
 	return j
 }
 
@@ -460,7 +485,9 @@ func (d *decoder) requestPlane(t MsgType) Message {
 		p.Job = d.job()
 		return p
 	case MsgTokens:
-		return &Tokens{Ref: d.ref(), Start: d.int32("start", maxInt32), IDs: d.ids("tokens", MaxTokensPerMsg, false)}
+		t := &Tokens{Ref: d.ref(), Start: d.int32("start", maxInt32), IDs: d.ids("tokens", MaxTokensPerMsg, false)}
+		t.Logprobs = d.tokenLogprobs(len(t.IDs))
+		return t
 	case MsgResult:
 		r := &Result{Ref: d.ref()}
 		r.Reason = request.FinishReason(d.u8())

@@ -1,11 +1,13 @@
 package transfer
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"hash/crc32"
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -35,7 +37,9 @@ func sampleJob() Job {
 		Sampling: request.Sampling{Temperature: 0.7, TopK: 40, TopP: 0.9, MinP: 0.05, RepetitionPenalty: 1.1, Seed: 1<<64 - 1,
 			PresencePenalty: -1.5, FrequencyPenalty: 2,
 			LogitBias: []request.TokenBias{{Token: 0, Bias: -request.MaxBias}, {Token: 261, Bias: 0.5}, {Token: 1<<31 - 1, Bias: request.MaxBias}},
-			Grammar:   mustGrammar(grammar.JSONSchema, true, jobSchema)},
+			Grammar:   mustGrammar(grammar.JSONSchema, true, jobSchema),
+			Logprobs:  true, TopLogprobs: request.MaxTopLogprobs,
+			Forced: []int{0, 9, 1<<31 - 1, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30}},
 		StopTokens: []int{2, 7}, IgnoreEOS: true, CacheSalt: strings.Repeat("n", 300) + "|salt", Priority: -3,
 	}
 }
@@ -84,6 +88,11 @@ func requestPlaneMessages() []Message {
 			Sampling: request.Sampling{Grammar: mustGrammar(grammar.ToolCall, false, `[{"name":"f","parameters":{"type":"object"}},{"name":"g"}]`)}}},
 		&Tokens{Ref: sampleRef(), Start: 17, IDs: []int{0, 5, 1<<31 - 1}},
 		&Tokens{Ref: sampleRef(), Start: 0, IDs: nil},
+		&Tokens{Ref: sampleRef(), Start: 3, IDs: []int{7, 8}, Logprobs: []*request.Logprobs{
+			{Logprob: -0.5, Top: []request.TokenLogprob{{ID: 7, Logprob: -0.5}, {ID: 1<<31 - 1, Logprob: -1}}},
+			{Logprob: -math.MaxFloat32, Top: []request.TokenLogprob{{ID: 2, Logprob: 0}, {ID: 1, Logprob: -3}}},
+		}},
+		&Tokens{Ref: sampleRef(), Start: 3, IDs: []int{7}, Logprobs: []*request.Logprobs{{Logprob: -2}}},
 		&Result{Ref: sampleRef(), Reason: request.FinishStop, Usage: request.Usage{PromptTokens: 4, CompletionTokens: 9, CachedTokens: 2}},
 		&Result{Ref: sampleRef(), Reason: request.FinishError, Code: CodeHandoff, Handoff: ReasonPageCountMismatch},
 	}
@@ -112,29 +121,45 @@ func TestRequestPlaneRefuses(t *testing.T) {
 	}
 	nan := float32(math.NaN())
 	for name, m := range map[string]Message{
-		"NaN temperature":       gen(func(g *Generate) { g.Job.Sampling.Temperature = nan }),
-		"infinite temperature":  gen(func(g *Generate) { g.Job.Sampling.Temperature = float32(math.Inf(1)) }),
-		"negative temperature":  gen(func(g *Generate) { g.Job.Sampling.Temperature = -1 }),
-		"top p above 1":         gen(func(g *Generate) { g.Job.Sampling.TopP = 1.5 }),
-		"NaN min p":             gen(func(g *Generate) { g.Job.Sampling.MinP = nan }),
-		"negative token":        gen(func(g *Generate) { g.Job.Prompt[1] = -1 }),
-		"negative max tokens":   gen(func(g *Generate) { g.Job.MaxTokens, g.MaxNewTokens = -1, -1 }),
-		"reserve ≠ job prompt":  gen(func(g *Generate) { g.PromptTokens++ }),
-		"reserve ≠ job max":     gen(func(g *Generate) { g.MaxNewTokens = 1 }),
-		"too many stop tokens":  gen(func(g *Generate) { g.Job.StopTokens = make([]int, MaxStopTokens+1) }),
-		"NaN presence":          gen(func(g *Generate) { g.Job.Sampling.PresencePenalty = nan }),
-		"huge frequency":        gen(func(g *Generate) { g.Job.Sampling.FrequencyPenalty = -1e9 }),
-		"bias beyond the cap":   gen(func(g *Generate) { g.Job.Sampling.LogitBias[1].Bias = request.MaxBias + 1 }),
-		"NaN bias":              gen(func(g *Generate) { g.Job.Sampling.LogitBias[1].Bias = nan }),
-		"negative bias token":   gen(func(g *Generate) { g.Job.Sampling.LogitBias[0].Token = -1 }),
-		"bias tokens unsorted":  gen(func(g *Generate) { g.Job.Sampling.LogitBias[0].Token = 300 }),
-		"bias token twice":      gen(func(g *Generate) { g.Job.Sampling.LogitBias[0].Token = 261 }),
-		"too many biases":       gen(func(g *Generate) { g.Job.Sampling.LogitBias = make([]request.TokenBias, MaxLogitBias+1) }),
-		"salt too long":         gen(func(g *Generate) { g.Job.CacheSalt = strings.Repeat("x", MaxSaltLen+1) }),
-		"priority beyond int32": gen(func(g *Generate) { g.Job.Priority = math.MaxInt32 + 1 }),
-		"too many tokens":       &Tokens{Ref: sampleRef(), IDs: make([]int, MaxTokensPerMsg+1)},
-		"unknown reason":        &Result{Ref: sampleRef(), Reason: request.FinishError + 1},
-		"unknown code":          &Result{Ref: sampleRef(), Code: numCodes},
+		"NaN temperature":               gen(func(g *Generate) { g.Job.Sampling.Temperature = nan }),
+		"infinite temperature":          gen(func(g *Generate) { g.Job.Sampling.Temperature = float32(math.Inf(1)) }),
+		"negative temperature":          gen(func(g *Generate) { g.Job.Sampling.Temperature = -1 }),
+		"top p above 1":                 gen(func(g *Generate) { g.Job.Sampling.TopP = 1.5 }),
+		"NaN min p":                     gen(func(g *Generate) { g.Job.Sampling.MinP = nan }),
+		"negative token":                gen(func(g *Generate) { g.Job.Prompt[1] = -1 }),
+		"negative max tokens":           gen(func(g *Generate) { g.Job.MaxTokens, g.MaxNewTokens = -1, -1 }),
+		"reserve ≠ job prompt":          gen(func(g *Generate) { g.PromptTokens++ }),
+		"reserve ≠ job max":             gen(func(g *Generate) { g.MaxNewTokens = 1 }),
+		"too many stop tokens":          gen(func(g *Generate) { g.Job.StopTokens = make([]int, MaxStopTokens+1) }),
+		"NaN presence":                  gen(func(g *Generate) { g.Job.Sampling.PresencePenalty = nan }),
+		"huge frequency":                gen(func(g *Generate) { g.Job.Sampling.FrequencyPenalty = -1e9 }),
+		"bias beyond the cap":           gen(func(g *Generate) { g.Job.Sampling.LogitBias[1].Bias = request.MaxBias + 1 }),
+		"NaN bias":                      gen(func(g *Generate) { g.Job.Sampling.LogitBias[1].Bias = nan }),
+		"negative bias token":           gen(func(g *Generate) { g.Job.Sampling.LogitBias[0].Token = -1 }),
+		"bias tokens unsorted":          gen(func(g *Generate) { g.Job.Sampling.LogitBias[0].Token = 300 }),
+		"bias token twice":              gen(func(g *Generate) { g.Job.Sampling.LogitBias[0].Token = 261 }),
+		"too many biases":               gen(func(g *Generate) { g.Job.Sampling.LogitBias = make([]request.TokenBias, MaxLogitBias+1) }),
+		"salt too long":                 gen(func(g *Generate) { g.Job.CacheSalt = strings.Repeat("x", MaxSaltLen+1) }),
+		"priority beyond int32":         gen(func(g *Generate) { g.Job.Priority = math.MaxInt32 + 1 }),
+		"too many tokens":               &Tokens{Ref: sampleRef(), IDs: make([]int, MaxTokensPerMsg+1)},
+		"top logprobs without logprobs": gen(func(g *Generate) { g.Job.Sampling.Logprobs = false }),
+		"too many top logprobs":         gen(func(g *Generate) { g.Job.Sampling.TopLogprobs = request.MaxTopLogprobs + 1 }),
+		"fewer forced than max tokens":  gen(func(g *Generate) { g.Job.Sampling.Forced = g.Job.Sampling.Forced[:3] }),
+		"negative forced token":         gen(func(g *Generate) { g.Job.Sampling.Forced[0] = -1 }),
+		"NaN logprob":                   tokensLP(&request.Logprobs{Logprob: nan}),
+		"+Inf logprob":                  tokensLP(&request.Logprobs{Logprob: float32(math.Inf(1))}),
+		"-Inf logprob":                  tokensLP(&request.Logprobs{Logprob: float32(math.Inf(-1))}),
+		"positive logprob":              tokensLP(&request.Logprobs{Logprob: 0.25}),
+		"NaN top logprob":               tokensLP(&request.Logprobs{Logprob: -1, Top: []request.TokenLogprob{{ID: 1, Logprob: nan}}}),
+		"top out of order":              tokensLP(&request.Logprobs{Logprob: -1, Top: []request.TokenLogprob{{ID: 1, Logprob: -2}, {ID: 2, Logprob: -1}}}),
+		"top token twice":               tokensLP(&request.Logprobs{Logprob: -1, Top: []request.TokenLogprob{{ID: 1, Logprob: -1}, {ID: 1, Logprob: -1}}}),
+		"top negative id":               tokensLP(&request.Logprobs{Logprob: -1, Top: []request.TokenLogprob{{ID: -1, Logprob: -1}}}),
+		"too many top":                  tokensLP(&request.Logprobs{Logprob: -1, Top: make([]request.TokenLogprob, request.MaxTopLogprobs+1)}),
+		"logprobs for fewer tokens":     &Tokens{Ref: sampleRef(), IDs: []int{1, 2}, Logprobs: []*request.Logprobs{{Logprob: -1}}},
+		"a token without logprobs":      &Tokens{Ref: sampleRef(), IDs: []int{1, 2}, Logprobs: []*request.Logprobs{{Logprob: -1}, nil}},
+		"manifest first logprob NaN":    &Manifest{Ref: sampleRef(), FirstLogprobs: &request.Logprobs{Logprob: nan}},
+		"unknown reason":                &Result{Ref: sampleRef(), Reason: request.FinishError + 1},
+		"unknown code":                  &Result{Ref: sampleRef(), Code: numCodes},
 	} {
 		if _, err := EncodeFrame(m); !errors.Is(err, ErrFrame) {
 			t.Errorf("%s: encoded (%v)", name, err)
@@ -164,6 +189,53 @@ func TestRequestPlaneRefuses(t *testing.T) {
 	bad = reseal(bad)
 	if _, err := DecodeFrame(bad); !errors.Is(err, ErrFrame) || !strings.Contains(err.Error(), "temperature") {
 		t.Fatalf("NaN temperature decoded: %v", err)
+	}
+}
+
+func tokensLP(l *request.Logprobs) *Tokens {
+	return &Tokens{Ref: sampleRef(), Start: 1, IDs: []int{5}, Logprobs: []*request.Logprobs{l}}
+}
+
+// TestLogprobsDecoderRefuses: logprobs a peer made by hand (no encoder of
+// ours writes them) are a protocol error: NaN, infinities, positive
+// values, more alternatives than the protocol's bound, lists shorter than
+// their count.
+func TestLogprobsDecoderRefuses(t *testing.T) {
+	good := &request.Logprobs{Logprob: -1.5, Top: []request.TokenLogprob{{ID: 3, Logprob: -0.25}, {ID: 9, Logprob: -1.5}}}
+	e := &encoder{}
+	e.logprobs("lp", good)
+	if e.err != nil {
+		t.Fatal(e.err)
+	}
+	if d := (&decoder{b: slices.Clone(e.b)}); !cmp.Equal(d.logprobs("lp"), good) || d.err != nil {
+		t.Fatalf("unpatched: %v", d.err)
+	}
+	f32 := func(at int, v float64) func([]byte) {
+		return func(b []byte) { binary.BigEndian.PutUint32(b[at:], math.Float32bits(float32(v))) }
+	}
+	for _, tc := range []struct {
+		name  string
+		patch func(b []byte)
+	}{
+		{"NaN", f32(0, math.NaN())},
+		{"+Inf", f32(0, math.Inf(1))},
+		{"-Inf", f32(0, math.Inf(-1))},
+		{"positive", f32(0, 1)},
+		{"top NaN", f32(5+4, math.NaN())},
+		{"top +Inf", f32(5+8+4, math.Inf(1))},
+		{"top out of order", f32(5+8+4, 0)},
+		{"more top than the bound", func(b []byte) { b[4] = request.MaxTopLogprobs + 1 }},
+		{"more top than the body", func(b []byte) { b[4] = 3 }},
+		{"top id beyond int32", func(b []byte) { binary.BigEndian.PutUint32(b[5:], 1<<31) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := slices.Clone(e.b)
+			tc.patch(b)
+			d := &decoder{b: b}
+			if l := d.logprobs("lp"); !errors.Is(d.err, ErrFrame) || l != nil {
+				t.Errorf("decoded %+v: %v", l, d.err)
+			}
+		})
 	}
 }
 
@@ -233,16 +305,18 @@ func reseal(b []byte) []byte {
 func TestJobConstraintRefused(t *testing.T) {
 	j := sampleJob()
 	j.Sampling.Grammar = nil
+	j.Sampling.Logprobs, j.Sampling.TopLogprobs, j.Sampling.Forced = false, 0, nil
 	e := &encoder{}
 	e.job(&j)
-	if e.err != nil || e.b[len(e.b)-1] != 0 {
-		t.Fatalf("unconstrained job: %v, last byte %d", e.err, e.b[len(e.b)-1])
+	// The constraint's kind 0, then logprobs, top logprobs and forced, 0.
+	if e.err != nil || !bytes.Equal(e.b[len(e.b)-4:], []byte{0, 0, 0, 0}) {
+		t.Fatalf("unconstrained job: %v, last bytes %v", e.err, e.b[len(e.b)-4:])
 	}
-	head := e.b[:len(e.b)-1]
+	head := e.b[:len(e.b)-4]
 	with := func(kind, strict byte, schema string) []byte {
 		b := append(append([]byte(nil), head...), kind, strict)
 		b = binary.BigEndian.AppendUint32(b, uint32(len(schema)))
-		return append(b, schema...)
+		return append(append(b, schema...), 0, 0, 0)
 	}
 	for _, tc := range []struct {
 		name, want string

@@ -154,6 +154,9 @@ type Manifest struct {
 	TotalTokens int        // prompt positions written
 	PageDigests [][32]byte // len PageCount; PageDigest(i, Filled[i], bytes of page i)
 	FirstToken  int
+	// FirstLogprobs are FirstToken's when the request asked for them
+	// (logprobs.go), nil otherwise.
+	FirstLogprobs *request.Logprobs
 }
 
 // Commit says the sender has sent every page and the manifest: the

@@ -525,7 +525,8 @@ func (r *Receiver) result(rv *resv) error {
 
 func manifestsEqual(a, b *Manifest) bool {
 	return a.Ref == b.Ref && a.Layout == b.Layout && a.PageCount == b.PageCount && a.TotalTokens == b.TotalTokens &&
-		a.FirstToken == b.FirstToken && slices.Equal(a.Filled, b.Filled) && slices.Equal(a.PageDigests, b.PageDigests)
+		a.FirstToken == b.FirstToken && slices.Equal(a.Filled, b.Filled) && slices.Equal(a.PageDigests, b.PageDigests) &&
+		logprobsEqual(a.FirstLogprobs, b.FirstLogprobs)
 }
 
 func (r *Receiver) manifestArrived(from Peer, m *Manifest) error {
@@ -581,7 +582,7 @@ func (r *Receiver) tryCommit(rv *resv) {
 	r.stats.Committed++
 	res := rv.Reservation
 	res.Pages = slices.Clone(res.Pages)
-	r.emit(&Deliver{Reservation: res, Filled: slices.Clone(m.Filled), TotalTokens: m.TotalTokens, FirstToken: m.FirstToken})
+	r.emit(&Deliver{Reservation: res, Filled: slices.Clone(m.Filled), TotalTokens: m.TotalTokens, FirstToken: m.FirstToken, FirstLogprobs: m.FirstLogprobs})
 	r.emit(&Ended{Ref: rv.ref(), Outcome: OutcomeCommitted})
 	for _, p := range r.parties(rv, "") {
 		r.send(p, &Committed{rv.ref()})

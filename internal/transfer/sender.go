@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+
+	"github.com/pagewarden/pagewarden/internal/request"
 )
 
 // SenderConfig configures a Sender. Zero durations take the defaults
@@ -79,6 +81,7 @@ type handoff struct {
 	prefillDone bool
 	total       int
 	first       int
+	firstLP     *request.Logprobs
 
 	nextBeat Time
 	drainBy  Time
@@ -261,7 +264,10 @@ func (s *Sender) Sent(id ReservationID, index int) error {
 // PrefillDone reports that prefill of handoff id computed totalTokens
 // positions and sampled firstToken. A prompt other than the one the grant
 // was for (the incident's 1-token placeholder) aborts the handoff here.
-func (s *Sender) PrefillDone(id ReservationID, totalTokens, firstToken int) error {
+//
+// firstLogprobs are the first token's, when the request asked for them;
+// they go out in the manifest.
+func (s *Sender) PrefillDone(id ReservationID, totalTokens, firstToken int, firstLogprobs *request.Logprobs) error {
 	h, err := s.sending(id)
 	if err != nil {
 		return err
@@ -277,7 +283,7 @@ func (s *Sender) PrefillDone(id ReservationID, totalTokens, firstToken int) erro
 			return s.fail(h, ReasonPageCountMismatch, "prefill done with %d of %d pages", h.ready, len(h.pages))
 		}
 	}
-	h.prefillDone, h.total, h.first = true, totalTokens, firstToken
+	h.prefillDone, h.total, h.first, h.firstLP = true, totalTokens, firstToken, firstLogprobs
 	s.trySeal(h)
 	return nil
 }
@@ -291,7 +297,7 @@ func (s *Sender) trySeal(h *handoff) {
 	}
 	n := h.ready
 	m := &Manifest{Ref: h.Ref, Layout: s.hash, PageCount: n, Filled: make([]int, n), TotalTokens: h.total,
-		PageDigests: make([][32]byte, n), FirstToken: h.first}
+		PageDigests: make([][32]byte, n), FirstToken: h.first, FirstLogprobs: h.firstLP}
 	for i := range n {
 		m.Filled[i], m.PageDigests[i] = h.pages[i].filled, h.pages[i].digest
 	}

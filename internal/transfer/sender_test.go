@@ -93,7 +93,7 @@ func TestSenderHandoff(t *testing.T) {
 	}
 	h.sent(0)
 	h.sent(2)
-	if err := h.s.PrefillDone(h.g.ID, 40, 42); err != nil {
+	if err := h.s.PrefillDone(h.g.ID, 40, 42, nil); err != nil {
 		t.Fatal(err)
 	}
 	h.drain()
@@ -137,7 +137,7 @@ func TestSenderHeartbeats(t *testing.T) {
 		_ = h.ready(i)
 		h.sent(i)
 	}
-	_ = h.s.PrefillDone(h.g.ID, 40, 1)
+	_ = h.s.PrefillDone(h.g.ID, 40, 1, nil)
 	h.drain()
 	for range 10 {
 		h.tick(Second)
@@ -176,12 +176,12 @@ func TestSenderChecksPrompt(t *testing.T) {
 			for i := range 3 {
 				_ = h.ready(i)
 			}
-			return h.s.PrefillDone(h.g.ID, 39, 5)
+			return h.s.PrefillDone(h.g.ID, 39, 5, nil)
 		}, ReasonTotalTokensMismatch},
 		{"pages missing", func(h *srig) error {
 			_ = h.ready(0)
 			_ = h.ready(1)
-			return h.s.PrefillDone(h.g.ID, 40, 5)
+			return h.s.PrefillDone(h.g.ID, 40, 5, nil)
 		}, ReasonPageCountMismatch},
 	}
 	for _, tc := range tests {
@@ -211,7 +211,7 @@ func TestControlSenderPrompt(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.sent(0)
-	if err := h.s.PrefillDone(h.g.ID, 1, 7); err != nil {
+	if err := h.s.PrefillDone(h.g.ID, 1, 7, nil); err != nil {
 		t.Fatal(err)
 	}
 	h.drain()
@@ -252,7 +252,7 @@ func TestSenderAbort(t *testing.T) {
 	if err := h.ready(2); ReasonOf(err) != ReasonLateWrite {
 		t.Fatalf("page after the abort: %v", err)
 	}
-	if err := h.s.PrefillDone(h.g.ID, 40, 1); ReasonOf(err) != ReasonLateWrite {
+	if err := h.s.PrefillDone(h.g.ID, 40, 1, nil); ReasonOf(err) != ReasonLateWrite {
 		t.Fatalf("prefill done after the abort: %v", err)
 	}
 	h.sent(1)

@@ -820,7 +820,7 @@ func (s *sim) prefill(k int, g Grant) {
 		if a.placeholder {
 			total = 1
 		}
-		if err := ss.s.PrefillDone(g.ID, total, a.first); err != nil {
+		if err := ss.s.PrefillDone(g.ID, total, a.first, nil); err != nil {
 			s.logf("%s prefill done %v: %v", ss.name, g.ID, err)
 		}
 		s.applySender(k)
