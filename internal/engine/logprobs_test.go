@@ -84,7 +84,9 @@ func TestLogprobsTeacherForced(t *testing.T) {
 			m := builtinModel(t, name)
 			n, e := lpNode(t, m)
 			prompt := m.Tokenizer.Encode("Once upon a time", true, false)
-			owner := func(tenant string) request.Owner { return request.Owner{Tenant: request.Tenant(tenant), ID: request.NewID()} }
+			owner := func(tenant string) request.Owner {
+				return request.Owner{Tenant: request.Tenant(tenant), ID: request.NewID()}
+			}
 			cfg := request.Sampling{Temperature: 0.9, Seed: 7, PresencePenalty: 1, Logprobs: true, TopLogprobs: 5}
 			ids, lps := lpRun(t, n, request.Params{Owner: owner("a"), Prompt: prompt, MaxTokens: 12, Sampling: cfg, IgnoreEOS: true})
 			for i, lp := range lps {
