@@ -25,6 +25,17 @@ type BuiltinSpec struct {
 	Type                                  quant.Type
 	Tied                                  bool
 	Seed                                  uint64
+	// Arch is general.architecture: "" for llama, or "phi3" or "gemma2"
+	// (written by archGGUF, with the fields below).
+	Arch string `json:",omitempty"`
+	// HeadDim overrides Dim/Heads (gemma2's key_length); 0 keeps it.
+	HeadDim int `json:",omitempty"`
+	// Window is the attention window (phi3, gemma2); 0 for none.
+	Window int `json:",omitempty"`
+	// RopeOrigCtx, when set, gives a phi3 model "longrope" scaling: long
+	// and short rope factors and this original context; the long ones
+	// apply when Ctx exceeds it.
+	RopeOrigCtx int `json:",omitempty"`
 }
 
 // Builtins lists the generated models by name. The larger ones copy the
@@ -41,6 +52,12 @@ var Builtins = map[string]BuiltinSpec{
 	"135m-q4_0":  {Name: "135m-q4_0", Dim: 576, Layers: 30, Heads: 9, KVHeads: 3, FFN: 1536, Ctx: 4096, Vocab: 32000, Type: quant.Q4_0, Tied: true, Seed: 2},
 	"tiny-long":  {Name: "tiny-long", Dim: 128, Layers: 4, Heads: 4, KVHeads: 2, FFN: 384, Ctx: 16384, Type: quant.F32, Tied: true, Seed: 1},
 	"tiny-short": {Name: "tiny-short", Dim: 64, Layers: 2, Heads: 4, KVHeads: 2, FFN: 192, Ctx: 256, Type: quant.F32, Tied: true, Seed: 5},
+	// The other architectures, small, with short windows so that a
+	// prompt of a few dozen tokens already meets the mask. gemma2 has 26
+	// layers because llama.cpp runs only the released depths (26 is the
+	// 2B's).
+	"tiny-phi3":   {Name: "tiny-phi3", Arch: "phi3", Dim: 128, Layers: 4, Heads: 4, KVHeads: 2, FFN: 256, Ctx: 4096, Window: 32, RopeOrigCtx: 4096, Type: quant.F32, Seed: 6},
+	"tiny-gemma2": {Name: "tiny-gemma2", Arch: "gemma2", Dim: 64, Layers: 26, Heads: 4, KVHeads: 2, HeadDim: 32, FFN: 128, Ctx: 2048, Window: 16, Type: quant.F32, Tied: true, Seed: 7},
 }
 
 // BuiltinNames returns the builtin model names, sorted.
@@ -108,45 +125,23 @@ func byteVocab(n int) (tokens []string, types []int32, scores []float32) {
 	return tokens, types, scores
 }
 
-const chatMLTemplate = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-
-// BuiltinGGUF writes spec as a GGUF image.
-func BuiltinGGUF(spec BuiltinSpec) (*gguf.Writer, error) {
-	return BuiltinGGUFTyped(spec, nil)
+// builtinKV is a metadata key and value of a generated file.
+type builtinKV struct {
+	k string
+	v any
 }
 
-// BuiltinGGUFTyped writes spec as a GGUF image with each matrix in the type
-// typeOf gives for its name (spec.Type where typeOf is nil), from the same
-// float32 weights; norms stay F32. Tests use it to rebuild, with the
-// project's ggml-exact quantisers, a mixed-type file such as the one
-// llama-quantize makes of the F32 model.
-func BuiltinGGUFTyped(spec BuiltinSpec, typeOf func(name string) quant.Type) (*gguf.Writer, error) {
-	tokens, types, scores := byteVocab(spec.Vocab)
-	vocab := len(tokens)
-	hd := spec.Dim / spec.Heads
-	w := gguf.NewWriter()
+// vocabKVs is the tokenizer metadata of the builtin vocabulary: a
+// SentencePiece-style ("llama") byte-fallback vocabulary that llama.cpp
+// reads too, BOS added, the ChatML template.
+func vocabKVs(tokens []string, types []int32, scores []float32) []builtinKV {
 	imEnd := uint32(len(tokens))
 	for i, t := range tokens {
 		if t == "<|im_end|>" {
 			imEnd = uint32(i)
 		}
 	}
-	kvs := []struct {
-		k string
-		v any
-	}{
-		{"general.architecture", "llama"},
-		{"general.name", BuiltinPrefix + spec.Name},
-		{"general.file_type", fileType(spec.Type)},
-		{"llama.context_length", uint32(spec.Ctx)},
-		{"llama.embedding_length", uint32(spec.Dim)},
-		{"llama.block_count", uint32(spec.Layers)},
-		{"llama.feed_forward_length", uint32(spec.FFN)},
-		{"llama.attention.head_count", uint32(spec.Heads)},
-		{"llama.attention.head_count_kv", uint32(spec.KVHeads)},
-		{"llama.rope.dimension_count", uint32(hd)},
-		{"llama.attention.layer_norm_rms_epsilon", float32(1e-5)},
-		{"llama.rope.freq_base", float32(10000)},
+	return []builtinKV{
 		{"tokenizer.ggml.model", "llama"},
 		{"tokenizer.ggml.pre", "default"},
 		{"tokenizer.ggml.tokens", tokens},
@@ -161,7 +156,43 @@ func BuiltinGGUFTyped(spec BuiltinSpec, typeOf func(name string) quant.Type) (*g
 		{"tokenizer.ggml.add_space_prefix", false},
 		{"tokenizer.chat_template", chatMLTemplate},
 	}
-	for _, kv := range kvs {
+}
+
+const chatMLTemplate = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+
+// BuiltinGGUF writes spec as a GGUF image.
+func BuiltinGGUF(spec BuiltinSpec) (*gguf.Writer, error) {
+	return BuiltinGGUFTyped(spec, nil)
+}
+
+// BuiltinGGUFTyped writes spec as a GGUF image with each matrix in the type
+// typeOf gives for its name (spec.Type where typeOf is nil), from the same
+// float32 weights; norms stay F32. Tests use it to rebuild, with the
+// project's ggml-exact quantisers, a mixed-type file such as the one
+// llama-quantize makes of the F32 model.
+func BuiltinGGUFTyped(spec BuiltinSpec, typeOf func(name string) quant.Type) (*gguf.Writer, error) {
+	if spec.Arch != "" && spec.Arch != "llama" {
+		return archGGUF(spec, typeOf)
+	}
+	tokens, types, scores := byteVocab(spec.Vocab)
+	vocab := len(tokens)
+	hd := spec.Dim / spec.Heads
+	w := gguf.NewWriter()
+	kvs := []builtinKV{
+		{"general.architecture", "llama"},
+		{"general.name", BuiltinPrefix + spec.Name},
+		{"general.file_type", fileType(spec.Type)},
+		{"llama.context_length", uint32(spec.Ctx)},
+		{"llama.embedding_length", uint32(spec.Dim)},
+		{"llama.block_count", uint32(spec.Layers)},
+		{"llama.feed_forward_length", uint32(spec.FFN)},
+		{"llama.attention.head_count", uint32(spec.Heads)},
+		{"llama.attention.head_count_kv", uint32(spec.KVHeads)},
+		{"llama.rope.dimension_count", uint32(hd)},
+		{"llama.attention.layer_norm_rms_epsilon", float32(1e-5)},
+		{"llama.rope.freq_base", float32(10000)},
+	}
+	for _, kv := range append(kvs, vocabKVs(tokens, types, scores)...) {
 		if err := w.SetKV(kv.k, kv.v); err != nil {
 			return nil, fmt.Errorf("model: builtin: %w", err)
 		}
@@ -206,17 +237,7 @@ func BuiltinGGUFTyped(spec BuiltinSpec, typeOf func(name string) quant.Type) (*g
 			fillUniform(vals, spec.Seed, t.name, float32(1/math.Sqrt(float64(t.cols))))
 		}
 		if t.name == "output.weight" {
-			// Damp the rows of byte, control and padding tokens so that
-			// the random network writes printable ASCII rather than
-			// invalid UTF-8.
-			for id := 0; id < int(t.rows); id++ {
-				if types[id] != ttNormal {
-					row := vals[uint64(id)*t.cols : uint64(id+1)*t.cols]
-					for i := range row {
-						row[i] *= 0.05
-					}
-				}
-			}
+			dampNonText(vals, t.cols, types)
 		}
 		b, err := quant.Quantize(typ, vals)
 		if err != nil {
@@ -231,6 +252,20 @@ func BuiltinGGUFTyped(spec BuiltinSpec, typeOf func(name string) quant.Type) (*g
 		}
 	}
 	return w, nil
+}
+
+// dampNonText scales down the output rows (cols wide) of byte, control and
+// padding tokens so that a random network writes printable ASCII rather
+// than invalid UTF-8.
+func dampNonText(vals []float32, cols uint64, types []int32) {
+	for id, typ := range types {
+		if typ != ttNormal {
+			row := vals[uint64(id)*cols : uint64(id+1)*cols]
+			for i := range row {
+				row[i] *= 0.05
+			}
+		}
+	}
 }
 
 // fillUniform writes values uniform in [-a, a) from a splitmix64 stream

@@ -67,7 +67,29 @@ type Config struct {
 	// AttnSoftcap, when positive, caps attention scores as
 	// AttnSoftcap*tanh(score/AttnSoftcap) before the softmax (gemma2).
 	AttnSoftcap float32
+
+	// EmbedScale, when non-zero, multiplies the token embeddings (gemma2:
+	// sqrt(Dim)).
+	EmbedScale float32
+	// FFNAct is the activation of the feed-forward gate: SiLU (SwiGLU)
+	// or GELU (GeGLU, gemma2).
+	FFNAct Activation
+	// FinalSoftcap, when positive, caps the logits as
+	// FinalSoftcap*tanh(logit/FinalSoftcap) (gemma2).
+	FinalSoftcap float32
+	// RopeAttnFactor, when non-zero, multiplies the cosine and sine of
+	// every rotation (ggml's mscale; phi3's rope.scaling.attn_factor), so
+	// that query-key products grow by its square.
+	RopeAttnFactor float32
 }
+
+// Activation is the nonlinearity of a gated feed-forward block.
+type Activation uint8
+
+const (
+	ActSiLU Activation = iota // silu(gate)*up: llama, qwen2, phi3
+	ActGELU                   // gelu(gate)*up, tanh approximation: gemma2
+)
 
 // Window is the attention window of layer l: the number of positions a
 // token sees, its own included, or 0 for all of them.
@@ -114,6 +136,9 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: sliding window %d over %d of %d layers", ErrBadConfig, c.SlidingWindow, len(c.WindowedLayers), c.Layers)
 	case c.AttnScale < 0 || c.AttnSoftcap < 0 || math.IsNaN(float64(c.AttnScale)) || math.IsNaN(float64(c.AttnSoftcap)):
 		return fmt.Errorf("%w: attention scale %g, soft-cap %g", ErrBadConfig, c.AttnScale, c.AttnSoftcap)
+	case !(c.EmbedScale >= 0) || !(c.FinalSoftcap >= 0) || !(c.RopeAttnFactor >= 0) || c.FFNAct > ActGELU:
+		return fmt.Errorf("%w: embedding scale %g, logit soft-cap %g, rope attention factor %g, activation %d",
+			ErrBadConfig, c.EmbedScale, c.FinalSoftcap, c.RopeAttnFactor, c.FFNAct)
 	case c.Layers > 1024 || c.Dim > 1<<16 || c.HeadDim > 1024 || c.Heads > 1024 || c.FFN > 1<<18 || c.Vocab > 1<<22 || c.ContextLength > 1<<24:
 		return fmt.Errorf("%w: sizes beyond what this engine supports (layers %d, dim %d, heads %d, head dim %d, ffn %d, vocab %d, ctx %d)",
 			ErrBadConfig, c.Layers, c.Dim, c.Heads, c.HeadDim, c.FFN, c.Vocab, c.ContextLength)

@@ -57,12 +57,13 @@ func fromGGUF(f *gguf.File, fuse bool) (*Model, error) {
 	if h := archHint(arch); h != "" {
 		return nil, fmt.Errorf("%w %q: %s", ErrUnsupportedArch, arch, h)
 	}
-	switch arch {
-	case "llama", "qwen2":
-	case "":
+	ah := archHooks[arch] // nil for llama and qwen2
+	switch {
+	case arch == "llama" || arch == "qwen2" || ah != nil:
+	case arch == "":
 		return nil, fmt.Errorf("%w: general.architecture is missing (is this a model file?)", ErrUnsupportedArch)
 	default:
-		return nil, fmt.Errorf("%w %q (supported: llama, qwen2)", ErrUnsupportedArch, arch)
+		return nil, fmt.Errorf("%w %q (supported: llama, qwen2, phi3, gemma2)", ErrUnsupportedArch, arch)
 	}
 	if len(f.Tensors) == 0 {
 		return nil, fmt.Errorf("%w: the file has no tensors (a vocabulary-only GGUF?)", ErrMissingTensor)
@@ -154,6 +155,11 @@ func fromGGUF(f *gguf.File, fuse bool) (*Model, error) {
 	}
 	_, hasOut := f.Tensor("output.weight")
 	c.TiedOutput = !hasOut
+	if ah != nil {
+		if err := ah.config(f, &c); err != nil {
+			return nil, err
+		}
+	}
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
@@ -223,14 +229,25 @@ func fromGGUF(f *gguf.File, fuse bool) (*Model, error) {
 	for i := range m.W.Layers {
 		L := &m.W.Layers[i]
 		p := fmt.Sprintf("blk.%d.", i)
-		if L.QKV, err = proj(c.Dim, []string{p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"}, []int{qdim, kvdim, kvdim}); err != nil {
-			return nil, err
+		if ah != nil && ah.layer != nil {
+			// What the architecture names or adds differently; the
+			// projections it leaves unset load as llama's below.
+			if err := ah.layer(archLoader{proj, vec}, p, &c, L); err != nil {
+				return nil, err
+			}
+		}
+		if L.QKV.Rows() == 0 {
+			if L.QKV, err = proj(c.Dim, []string{p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"}, []int{qdim, kvdim, kvdim}); err != nil {
+				return nil, err
+			}
 		}
 		if L.O, err = mat(p+"attn_output.weight", c.Dim, qdim); err != nil {
 			return nil, err
 		}
-		if L.GateUp, err = proj(c.Dim, []string{p + "ffn_gate.weight", p + "ffn_up.weight"}, []int{c.FFN, c.FFN}); err != nil {
-			return nil, err
+		if L.GateUp.Rows() == 0 {
+			if L.GateUp, err = proj(c.Dim, []string{p + "ffn_gate.weight", p + "ffn_up.weight"}, []int{c.FFN, c.FFN}); err != nil {
+				return nil, err
+			}
 		}
 		if L.Down, err = mat(p+"ffn_down.weight", c.Dim, c.FFN); err != nil {
 			return nil, err

@@ -27,6 +27,11 @@ func (c *Config) ropeAngles(pos int, cos, sin []float32) {
 		t *= c.RopeFreqScale
 		cos[i] = float32(math.Cos(float64(t)))
 		sin[i] = float32(math.Sin(float64(t)))
+		if c.RopeAttnFactor != 0 {
+			// ggml's mscale: cosf(theta)*mscale, rounded as it is.
+			cos[i] *= c.RopeAttnFactor
+			sin[i] *= c.RopeAttnFactor
+		}
 		theta *= thetaScale
 	}
 }

@@ -1,0 +1,167 @@
+package model_test
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/pagewarden/pagewarden/internal/gguf"
+	"github.com/pagewarden/pagewarden/internal/kvcache"
+	"github.com/pagewarden/pagewarden/internal/model"
+)
+
+// archGolden is testdata/arch-llamacpp.json: llama.cpp's teacher-forced
+// log-probabilities on small phi3 and gemma2 models. It was made with
+// llama.cpp c392e5094 (b4748; CPU, -march=native on an AVX-512 EPYC,
+// OpenMP), outside the repository:
+//
+//  1. each model's GGUF file, written by the project from the golden's
+//     spec (model.BuiltinGGUF; PAGEWARDEN_WRITE_ARCH_GGUF=DIR go test
+//     -run TestArchGoldens ./internal/model writes them to DIR), whose
+//     sha256 is gguf_sha256;
+//  2. seqs: a small driver on libllama (kept outside the repository)
+//     evaluates each token sequence in one batch with logits for every
+//     position, context 2048 (so phi3 takes its short rope factors where
+//     its original context is 2048 or more, the long ones below), KV
+//     cache F32, flash attention off, 2 threads, and writes the five most
+//     likely tokens of each position with their natural-log probability
+//     (exact log-softmax of the raw logits over the whole vocabulary).
+//
+// The sequences are BOS and random tokens, longer than four windows, so
+// that most positions attend through the sliding-window mask.
+type archGolden struct {
+	Models []struct {
+		Spec       model.BuiltinSpec `json:"spec"`
+		GGUFSHA256 string            `json:"gguf_sha256"`
+		Seqs       []struct {
+			Tokens []int          `json:"tokens"`
+			Top    [][][2]float64 `json:"top"` // per position: five [id, logprob]
+		} `json:"seqs"`
+	} `json:"models"`
+}
+
+// TestArchGoldens checks phi3 and gemma2 against llama.cpp: every position
+// of every sequence, computed in one step (the prefill path) and again as
+// a short prefill followed by one token a step (the decode path, where
+// the window moves over KV pages already written).
+func TestArchGoldens(t *testing.T) {
+	data, err := os.ReadFile("testdata/arch-llamacpp.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g archGolden
+	if err := json.Unmarshal(data, &g); err != nil {
+		t.Fatal(err)
+	}
+	arches := map[string]int{}
+	for _, gm := range g.Models {
+		arches[gm.Spec.Arch]++
+	}
+	if arches["phi3"] < 2 || arches["gemma2"] < 1 {
+		t.Fatalf("golden: models per architecture %v, want 2 phi3 (short and long rope factors) and a gemma2", arches)
+	}
+	// F32 weights and cache, as the llama goldens' F32 case (1e-4); the
+	// GELU table rounds gemma2's activations to F16, where a last-bit
+	// difference upstream can move one by a step, hence its wider bound.
+	tols := map[string]float64{"phi3": 1e-4, "gemma2": 1e-2}
+	for _, gm := range g.Models {
+		t.Run(gm.Spec.Name, func(t *testing.T) {
+			w, err := model.BuiltinGGUF(gm.Spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var buf bytes.Buffer
+			if _, err := w.WriteTo(&buf); err != nil {
+				t.Fatal(err)
+			}
+			if dir := os.Getenv("PAGEWARDEN_WRITE_ARCH_GGUF"); dir != "" {
+				if err := os.WriteFile(filepath.Join(dir, gm.Spec.Name+".gguf"), buf.Bytes(), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			sum := sha256.Sum256(buf.Bytes())
+			if got := hex.EncodeToString(sum[:]); got != gm.GGUFSHA256 {
+				t.Fatalf("the generated file is not the one llama.cpp evaluated: sha256 %s, want %s", got, gm.GGUFSHA256)
+			}
+			f, err := gguf.Parse(buf.Bytes())
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := model.FromGGUF(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tol := tols[gm.Spec.Arch]
+			worst := 0.0
+			for si, seq := range gm.Seqs {
+				if len(seq.Top) != len(seq.Tokens) || len(seq.Tokens) < 4*gm.Spec.Window {
+					t.Fatalf("golden seq %d: %d positions of %d tokens, window %d", si, len(seq.Top), len(seq.Tokens), gm.Spec.Window)
+				}
+				for _, mode := range []string{"one step", "decode"} {
+					rows := archLogits(t, m, seq.Tokens, mode == "decode")
+					for p, top := range seq.Top {
+						lp := logSoftmax64(rows[p])
+						for _, e := range top {
+							d := math.Abs(lp[int(e[0])] - e[1])
+							worst = max(worst, d)
+							if d > tol {
+								t.Errorf("%s, seq %d position %d: token %d logprob %.6f, llama.cpp %.6f", mode, si, p, int(e[0]), lp[int(e[0])], e[1])
+							}
+						}
+					}
+				}
+			}
+			t.Logf("%s: largest |logprob - llama.cpp| over the top 5 of %d sequences: %.3g (bound %.2g)", gm.Spec.Name, len(gm.Seqs), worst, tol)
+		})
+	}
+}
+
+// archLogits returns the logits of every position of tokens: from one
+// step, or (decode) from a prefill of the first few tokens and then one
+// token a step.
+func archLogits(t *testing.T, m *model.Model, tokens []int, decode bool) [][]float32 {
+	t.Helper()
+	r := newRunner(t, m, kvcache.F32, (len(tokens)+15)/16)
+	s := r.seq("t")
+	vocab := m.Config.Vocab
+	var rows [][]float32
+	split := func(flat []float32) {
+		for i := 0; i < len(flat); i += vocab {
+			rows = append(rows, flat[i:i+vocab])
+		}
+	}
+	if !decode {
+		split(r.step(part{s, tokens, model.LogitsAll})[0])
+		return rows
+	}
+	const prefill = 5
+	split(r.step(part{s, tokens[:prefill], model.LogitsAll})[0])
+	for _, tok := range tokens[prefill:] {
+		split(r.step(part{s, []int{tok}, model.LogitsLast})[0])
+	}
+	return rows
+}
+
+// logSoftmax64 is the exact log-softmax of logits, as the golden's driver
+// computes it.
+func logSoftmax64(logits []float32) []float64 {
+	mx := math.Inf(-1)
+	for _, v := range logits {
+		mx = max(mx, float64(v))
+	}
+	var s float64
+	for _, v := range logits {
+		s += math.Exp(float64(v) - mx)
+	}
+	lse := mx + math.Log(s)
+	out := make([]float64, len(logits))
+	for i, v := range logits {
+		out[i] = float64(v) - lse
+	}
+	return out
+}
