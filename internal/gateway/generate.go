@@ -453,7 +453,7 @@ loop:
 			}
 		}
 	}
-	res := st.Result()
+	res := mutantResult(st.Result())
 	if res.Owner != owner {
 		return count, mismatch("result", res.Owner)
 	}

@@ -21,3 +21,11 @@ func SkipHandoffCheckForControls() (restore func()) {
 	testHooks.skipHandoffCheck = true
 	return func() { testHooks.skipHandoffCheck = false }
 }
+
+// KeyOmitsTenantForControls builds prefix-cache keys without the tenant
+// field, so that two tenants' identical prompts share cache entries (what
+// the tenant-scoped key of I9 prevents).
+func KeyOmitsTenantForControls() (restore func()) {
+	testHooks.keyOmitsTenant = true
+	return func() { testHooks.keyOmitsTenant = false }
+}

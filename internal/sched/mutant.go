@@ -45,6 +45,11 @@ func (c *Core) setMutant(m mutant) { c.mut.mutant = m }
 // client abort the way the incident's engine did and reports true (the
 // abort "succeeded" without moving the state).
 func (c *Core) mutantAbort(r *req, cause error) bool {
+	if c.mut.mutant == mutantNone {
+		// Another package's control (IncidentForControls) may have set
+		// the incident for every core.
+		c.mut.mutant = mutant(controlMutant.Load())
+	}
 	if c.mut.mutant == mutantNone || cause != request.ErrAborted {
 		return false
 	}
@@ -91,3 +96,15 @@ func TrustReservationForControls() (restore func()) {
 var trustReservation atomic.Bool
 
 func trustsReservation() bool { return trustReservation.Load() }
+
+// IncidentForControls makes every core handle a client abort as the
+// incident's engine did (mutantPlaceholderQueued): the abort goes to a
+// side table, the running request is shrunk to a 1-token placeholder and
+// queued again with its state untouched. For other packages' positive
+// controls (the whole-system simulation, internal/sim); restore after.
+func IncidentForControls() (restore func()) {
+	controlMutant.Store(uint32(mutantPlaceholderQueued))
+	return func() { controlMutant.Store(uint32(mutantNone)) }
+}
+
+var controlMutant atomic.Uint32
