@@ -14,12 +14,13 @@ import (
 
 	"github.com/pagewarden/pagewarden/internal/engine"
 	"github.com/pagewarden/pagewarden/internal/kernels"
+	"github.com/pagewarden/pagewarden/internal/model"
 )
 
 func benchCmd() *cobra.Command {
 	var mf modelFlags
-	var threads, prompts, tiers, llamaPath string
-	var gen, reps int
+	var threads, prompts, tiers, llamaPath, batches string
+	var gen, reps, batchPrompt, bwMiB int
 	c := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure prefill and decode tokens/s (like llama-bench)",
@@ -33,7 +34,18 @@ the fastest. --llama-bench PATH runs a llama-bench you built on the same GGUF
 file (a builtin model is written to a temporary one), with the same K/V type
 (f16 unless --kv-type says otherwise: llama-bench has no f32 cache),
 its repetitions interleaved with pagewarden's, and prints the ratios:
-  pagewarden bench -m builtin:135m-q8_0 --llama-bench ~/llama.cpp/build/bin/llama-bench`,
+  pagewarden bench -m builtin:135m-q8_0 --llama-bench ~/llama.cpp/build/bin/llama-bench
+Before the tests of each thread count it measures the machine's streaming
+read bandwidth with that many threads (a SIMD sum over --bw-mib MiB, far
+beyond the last-level cache, best of 5 passes), and every decode row gives
+the bytes it read per second (weights as the kernels store them, plus the
+keys and values each token attends to) and their share of that bound.
+--batch measures batched decode instead of pp/tg, the workload of
+llama-batched-bench -npp 128 -ntg 64 -npl 1,4,8,16: for each count B, B
+sequences with prompts of --batch-prompt tokens, then -n steps that each
+decode one token for all B in one forward pass; the row gives the aggregate
+tokens/s (B*n / decode time, llama-batched-bench's S_TG):
+  pagewarden bench -m builtin:135m-q8_0 --batch 1,4,8,16 --threads-list 1`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := mf.validate(); err != nil {
@@ -49,6 +61,22 @@ its repetitions interleaved with pagewarden's, and prints the ratios:
 			}
 			if gen < 1 || reps < 1 {
 				return usagef("-n and -r must be at least 1")
+			}
+			var bs []int
+			if batches != "" {
+				if bs, err = intList(batches, "--batch"); err != nil {
+					return err
+				}
+				if llamaPath != "" {
+					return usagef("--batch and --llama-bench: llama-bench has no batched decode; run llama-batched-bench -npp %d -ntg %d -npl %s beside it", batchPrompt, gen, batches)
+				}
+				ps = []int{batchPrompt} // for the context check below
+			}
+			if batchPrompt < 1 {
+				return usagef("--batch-prompt must be at least 1")
+			}
+			if bwMiB < 0 {
+				return usagef("--bw-mib must be 0 (no bandwidth measurement) or more")
 			}
 			// The tiers to compare, checked before the model loads; the
 			// installed one is put back afterwards.
@@ -104,13 +132,34 @@ its repetitions interleaved with pagewarden's, and prints the ratios:
 				return usagef("-p %d plus -n %d exceed the model's context of %d", maxP, gen, m.Config.ContextLength)
 			}
 			fmt.Fprintf(cmd.ErrOrStderr(), "kernels: %s\n", strings.Join(tierList, ", "))
+			// The bandwidth buffer is written, not just allocated: untouched
+			// pages could all map to one zero page and be read from cache.
+			var bwBuf []float32
+			if bwMiB > 0 {
+				bwBuf = make([]float32, bwMiB<<20/4)
+				for i := range bwBuf {
+					bwBuf[i] = float32(i & 1023)
+				}
+			}
+			kvElem := kvType.Size()
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', tabwriter.AlignRight)
-			fmt.Fprintf(tw, "model\ttype\tkernels\tthreads\ttest\ttokens/s\trange\t\n")
+			fmt.Fprintf(tw, "model\ttype\tkernels\tthreads\ttest\ttokens/s\trange\tGB/s\tof bound\t\n")
+			var bwLines []string
 			var ratios []string // one line per test: pagewarden's best over llama.cpp's
 			for _, t := range ts {
-				eng, err := engine.New(m, engine.Options{Threads: t, PageSize: mf.pageSize, KVType: kvType, PrefillChunk: maxP})
+				opts := engine.Options{Threads: t, PageSize: mf.pageSize, KVType: kvType, PrefillChunk: maxP}
+				if len(bs) > 0 {
+					pageSize := cmp.Or(mf.pageSize, 16) // engine.New's default
+					opts.Pages = slices.Max(bs) * ((batchPrompt + gen + pageSize - 1) / pageSize)
+				}
+				eng, err := engine.New(m, opts)
 				if err != nil {
 					return err
+				}
+				var bw float64 // bytes/s with t threads, 0 if not measured
+				if bwBuf != nil {
+					bw = kernels.ReadBandwidth(eng.Compute, bwBuf, 5)
+					bwLines = append(bwLines, fmt.Sprintf("%d\t%.1f\t", t, bw/1e9))
 				}
 				// Warm-up: touch every weight once.
 				if _, err := eng.Bench(8, 2); err != nil {
@@ -121,7 +170,9 @@ its repetitions interleaved with pagewarden's, and prints the ratios:
 				// per repetition on llama-bench, when given), interleaved so
 				// that a slow spell of a shared machine hits them all, and
 				// prints a row per tier.
-				measure := func(test string, run, other func() (float64, error)) error {
+				// perTok is the bytes a token of the test reads (0: not a
+				// decode test, no bandwidth columns).
+				measure := func(test string, perTok float64, run, other func() (float64, error)) error {
 					rates := make([][]float64, len(tierList))
 					var theirs []float64
 					for r := 0; r < reps; r++ {
@@ -145,11 +196,18 @@ its repetitions interleaved with pagewarden's, and prints the ratios:
 					}
 					for k, tier := range tierList {
 						lo, hi := slices.Min(rates[k]), slices.Max(rates[k])
-						fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%.1f\t%.1f-%.1f\t\n", m.Name, m.WeightType, tier, t, test, hi, lo, hi)
+						gbs, share := "-", "-"
+						if perTok > 0 {
+							gbs = fmt.Sprintf("%.1f", perTok*hi/1e9)
+							if bw > 0 {
+								share = fmt.Sprintf("%.0f%%", 100*perTok*hi/bw)
+							}
+						}
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%.1f\t%.1f-%.1f\t%s\t%s\t\n", m.Name, m.WeightType, tier, t, test, hi, lo, hi, gbs, share)
 					}
 					if other != nil {
 						lo, hi := slices.Min(theirs), slices.Max(theirs)
-						fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%.1f\t%.1f-%.1f\t\n", m.Name, m.WeightType, "llama.cpp", t, test, hi, lo, hi)
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%.1f\t%.1f-%.1f\t-\t-\t\n", m.Name, m.WeightType, "llama.cpp", t, test, hi, lo, hi)
 						for k, tier := range tierList {
 							ratios = append(ratios, fmt.Sprintf("%s\t%d\t%s\t%.2f\t", tier, t, test, slices.Max(rates[k])/hi))
 						}
@@ -163,8 +221,22 @@ its repetitions interleaved with pagewarden's, and prints the ratios:
 					}
 					return func() (float64, error) { return llama.rate(cmd.Context(), t, prompt, gen) }
 				}
+				if len(bs) > 0 {
+					for _, b := range bs {
+						err = measure(fmt.Sprintf("tg%d x%d (pp%d)", gen, b, batchPrompt), decodeBytes(m, b, batchPrompt, gen, kvElem), func() (float64, error) {
+							res, err := eng.BenchBatch(b, batchPrompt, gen)
+							return float64(b*gen) / res.Decode.Seconds(), err
+						}, nil)
+						if err != nil {
+							eng.Close()
+							return err
+						}
+					}
+					eng.Close()
+					continue
+				}
 				for _, p := range ps {
-					err = measure(fmt.Sprintf("pp%d", p), func() (float64, error) {
+					err = measure(fmt.Sprintf("pp%d", p), 0, func() (float64, error) {
 						res, err := eng.Bench(p, 1)
 						return float64(p) / res.Prefill.Seconds(), err
 					}, theirs(p, 0))
@@ -173,7 +245,9 @@ its repetitions interleaved with pagewarden's, and prints the ratios:
 						return err
 					}
 				}
-				err = measure(fmt.Sprintf("tg%d", gen), func() (float64, error) {
+				// Bench decodes after a one-token prompt: the first new token
+				// sits at position 1.
+				err = measure(fmt.Sprintf("tg%d", gen), decodeBytes(m, 1, 1, gen, kvElem), func() (float64, error) {
 					res, err := eng.Bench(1, gen)
 					return float64(gen) / res.Decode.Seconds(), err
 				}, theirs(0, gen))
@@ -182,8 +256,22 @@ its repetitions interleaved with pagewarden's, and prints the ratios:
 					return err
 				}
 			}
-			if err := tw.Flush(); err != nil || llama == nil {
+			if err := tw.Flush(); err != nil {
 				return err
+			}
+			if len(bwLines) > 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), "\nstreaming read bandwidth (%d MiB, best of 5 passes; \"of bound\" above is GB/s over this):\n", bwMiB)
+				tw = tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', tabwriter.AlignRight)
+				fmt.Fprintf(tw, "threads\tGB/s\t\n")
+				for _, l := range bwLines {
+					fmt.Fprintln(tw, l)
+				}
+				if err := tw.Flush(); err != nil {
+					return err
+				}
+			}
+			if llama == nil {
+				return nil
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "\npagewarden / llama.cpp (best of %d each; %s, build %s; K/V %s; %s):\n", reps, llamaPath, cmp.Or(llama.commit, "unknown"), mf.kvType, mf.model)
 			tw = tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', tabwriter.AlignRight)
@@ -200,6 +288,9 @@ its repetitions interleaved with pagewarden's, and prints the ratios:
 	c.Flags().IntVarP(&gen, "n", "n", 64, "tokens to decode")
 	c.Flags().IntVarP(&reps, "r", "r", 3, "repetitions (the best is reported)")
 	c.Flags().StringVar(&llamaPath, "llama-bench", "", "a llama-bench binary you built: run it on the same GGUF and K/V type, interleaved, and print pagewarden/llama.cpp ratios")
+	c.Flags().StringVar(&batches, "batch", "", "comma-separated sequence counts: measure batched decode (aggregate tokens/s, like llama-batched-bench -npl) instead of pp/tg")
+	c.Flags().IntVar(&batchPrompt, "batch-prompt", 128, "prompt tokens per sequence before the batched decode (llama-batched-bench -npp)")
+	c.Flags().IntVar(&bwMiB, "bw-mib", 256, "MiB of memory the bandwidth measurement streams (0: skip it); keep it far above the last-level cache")
 	c.Flags().StringVar(&tiers, "kernels-list", "", "comma-separated kernel tiers to compare side by side (ref, avx2, avx512, avx512vnni; default: the one in use)")
 	return c
 }
@@ -214,4 +305,20 @@ func intList(s, flag string) ([]int, error) {
 		out = append(out, v)
 	}
 	return out, nil
+}
+
+// decodeBytes is the mean bytes a decoded token reads when seqs sequences
+// decode gen tokens together after prompts of prompt tokens (the first new
+// token at position prompt): each step reads the weights once and every
+// sequence's keys and values (model.StepBytes).
+func decodeBytes(m *model.Model, seqs, prompt, gen, kvElem int) float64 {
+	var sum int64
+	pos := make([]int, seqs)
+	for i := range gen {
+		for j := range pos {
+			pos[j] = prompt + i
+		}
+		sum += m.StepBytes(pos, kvElem)
+	}
+	return float64(sum) / float64(seqs*gen)
 }

@@ -247,23 +247,28 @@ func TestCapacity(t *testing.T) {
 }
 
 func TestBench(t *testing.T) {
-	r := pw(t, "bench", "--model", "builtin:tiny", "-p", "8", "-n", "4", "-r", "1", "--threads-list", "1")
+	r := pw(t, "bench", "--model", "builtin:tiny", "-p", "8", "-n", "4", "-r", "1", "--threads-list", "1", "--bw-mib", "4")
 	if r.code != 0 {
 		t.Fatalf("exit %d, stderr:\n%s", r.code, r.stderr)
 	}
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-	if len(lines) != 3 {
-		t.Fatalf("want a header and two rows, got:\n%s", r.stdout)
+	if len(lines) != 7 {
+		t.Fatalf("want a header, two rows and the bandwidth table, got:\n%s", r.stdout)
 	}
-	row := regexp.MustCompile(`^\s*builtin:tiny\s+F32\s+` + regexp.QuoteMeta(kernels.Implementation()) + `\s+1\s+(pp8|tg4)\s+[0-9.]+\s+[0-9.]+-[0-9.]+\s*$`)
+	// pp rows have no bandwidth columns; tg rows give GB/s and the share
+	// of the bound measured with the same threads.
+	row := regexp.MustCompile(`^\s*builtin:tiny\s+F32\s+` + regexp.QuoteMeta(kernels.Implementation()) + `\s+1\s+(pp8\s+[0-9.]+\s+[0-9.]+-[0-9.]+\s+-\s+-|tg4\s+[0-9.]+\s+[0-9.]+-[0-9.]+\s+[0-9.]+\s+[0-9]+%)\s*$`)
 	for i, want := range []string{"pp8", "tg4"} {
 		m := row.FindStringSubmatch(lines[i+1])
-		if m == nil || m[1] != want {
+		if m == nil || !strings.HasPrefix(m[1], want) {
 			t.Errorf("row %d %q, want a %s measurement", i+1, lines[i+1], want)
 		}
 	}
-	if !strings.Contains(lines[0], "tokens/s") {
+	if !strings.Contains(lines[0], "tokens/s") || !strings.Contains(lines[0], "of bound") {
 		t.Errorf("header %q", lines[0])
+	}
+	if !strings.HasPrefix(lines[4], "streaming read bandwidth (4 MiB") || !regexp.MustCompile(`^\s*1\s+[0-9]+\.[0-9]$`).MatchString(lines[6]) {
+		t.Errorf("bandwidth table:\n%s", strings.Join(lines[4:], "\n"))
 	}
 }
 
@@ -272,7 +277,7 @@ func TestBench(t *testing.T) {
 func TestBenchKernelsList(t *testing.T) {
 	before := kernels.Implementation()
 	tiers := kernels.Tiers()
-	r := pw(t, "bench", "--model", "builtin:tiny", "-p", "8", "-n", "2", "-r", "2", "--threads-list", "1", "--kernels-list", strings.Join(tiers, ","))
+	r := pw(t, "bench", "--model", "builtin:tiny", "-p", "8", "-n", "2", "-r", "2", "--threads-list", "1", "--bw-mib", "0", "--kernels-list", strings.Join(tiers, ","))
 	if r.code != 0 {
 		t.Fatalf("exit %d, stderr:\n%s", r.code, r.stderr)
 	}
@@ -282,7 +287,7 @@ func TestBenchKernelsList(t *testing.T) {
 	}
 	for i, line := range lines[1:] {
 		f := strings.Fields(line)
-		if want := tiers[i%len(tiers)]; len(f) != 7 || f[2] != want {
+		if want := tiers[i%len(tiers)]; len(f) != 9 || f[2] != want {
 			t.Errorf("row %d %q: want tier %s", i+1, line, want)
 		}
 	}

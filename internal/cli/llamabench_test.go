@@ -41,7 +41,7 @@ echo "[{\"build_commit\": \"fake123\", \"n_prompt\": $p, \"n_gen\": $n, \"n_thre
 // pagewarden's ratio to it; a failing binary or an f32 cache llama-bench
 // cannot run are errors that say so.
 func TestBenchLlamaBench(t *testing.T) {
-	args := []string{"bench", "-m", "builtin:tiny", "-p", "16", "-n", "4", "-r", "2", "--threads-list", "1"}
+	args := []string{"bench", "-m", "builtin:tiny", "-p", "16", "-n", "4", "-r", "2", "--threads-list", "1", "--bw-mib", "4"}
 	r := pw(t, append(args, "--llama-bench", fakeLlamaBench(t, false))...)
 	if r.code != 0 {
 		t.Fatalf("exit %d, stderr:\n%s", r.code, r.stderr)

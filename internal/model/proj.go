@@ -125,3 +125,33 @@ func joinable(a, b *gguf.TensorInfo) bool {
 	end := uintptr(unsafe.Pointer(unsafe.SliceData(a.Data))) + uintptr(len(a.Data))
 	return end == uintptr(unsafe.Pointer(unsafe.SliceData(b.Data)))
 }
+
+// StepBytes is what one decode step reads from memory, for the bandwidth
+// bound: every projection's and the output's weights once (the bytes the
+// kernels stream, kernels.Matrix.StreamBytes), whatever the batch, plus,
+// for each sequence in the step, the keys and values of every position its
+// new token attends to: positions[i] is the position of sequence i's new
+// token, so it reads positions[i]+1 of them per layer, kvElem bytes per
+// value (4 for an F32 cache, 2 for F16). Norm vectors, biases and the one
+// embedding row are left out (under 0.1% of a step).
+func (m *Model) StepBytes(positions []int, kvElem int) int64 {
+	var n int64
+	add := func(ms ...*kernels.Matrix) {
+		for _, mx := range ms {
+			n += mx.StreamBytes()
+		}
+	}
+	for i := range m.W.Layers {
+		l := &m.W.Layers[i]
+		add(l.QKV.Matrices()...)
+		add(l.O)
+		add(l.GateUp.Matrices()...)
+		add(l.Down)
+	}
+	add(m.W.Output)
+	perPos := int64(m.Config.Layers) * 2 * int64(m.Config.KVDim()) * int64(kvElem)
+	for _, p := range positions {
+		n += int64(p+1) * perPos
+	}
+	return n
+}
