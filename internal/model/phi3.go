@@ -42,8 +42,9 @@ func phi3Config(f *gguf.File, c *Config) error {
 	}
 	// A window that holds the whole context never masks anything; 0
 	// says so without making the KV cache keep track of it.
-	if int(w) < c.ContextLength {
-		c.SlidingWindow = int(w)
+	c.SlidingWindow = int(w)
+	if c.SlidingWindow >= c.ContextLength {
+		c.SlidingWindow = 0
 	}
 
 	// "su"/"longrope" scaling. llama.cpp picks the long factors when the
