@@ -74,3 +74,20 @@ func archHint(arch string) string {
 	}
 	return ""
 }
+
+// EveryLayerWindow is the attention window when every layer has the same
+// one (mistral, phi3), else 0 (no window, or gemma2's alternate global
+// layers, which read every position). It is how many positions a sequence
+// must keep: pages wholly before the last EveryLayerWindow positions are
+// never read again (kvcache.Pool.DropBefore, sched.Config.Window).
+func (c *Config) EveryLayerWindow() int {
+	if c.SlidingWindow <= 0 {
+		return 0
+	}
+	for l := range c.Layers {
+		if c.Window(l) != c.SlidingWindow {
+			return 0
+		}
+	}
+	return c.SlidingWindow
+}

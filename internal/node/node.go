@@ -201,6 +201,9 @@ func Start(m *model.Model, o Options) (*Node, error) {
 			MaxQueued: o.MaxQueued, MaxQueuedPerTenant: o.MaxQueuedPerTenant, MaxQueueWait: o.MaxQueueWait,
 			EndTokens: end, PrefixCache: o.PrefixCache, Policy: o.Policy,
 			QuarantineReapAfter: o.QuarantineReapAfter,
+			// A model windowed on every layer gives back the pages
+			// behind its window as a sequence moves on.
+			Window: m.Config.EveryLayerWindow(),
 		},
 		Executor: exec,
 		Observe:  n.observe,

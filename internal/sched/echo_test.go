@@ -61,8 +61,17 @@ const echoSeed = 14695981039346656037
 // history, when every position it read is owner's own and correct: what
 // the simulation expects, computed without any KV memory.
 func echoNext(o request.Owner, salt string, history []int, vocab int) int {
+	return echoNextWindow(o, salt, history, vocab, 0)
+}
+
+// echoNextWindow is echoNext for a model that attends to the last window
+// positions only (0: all of them): the hash covers those.
+func echoNextWindow(o request.Owner, salt string, history []int, vocab, window int) int {
 	h := uint64(echoSeed)
 	for p, tag := range echoChain(o.Tenant, salt, history) {
+		if window > 0 && p < len(history)-window {
+			continue
+		}
 		a, b := echoSplit(tag)
 		h = echoFold(h, a, b, float32(history[p]), float32(p+1))
 	}
@@ -85,6 +94,11 @@ type echoExecutor struct {
 	// salt gives a request's cache salt (part of what its KV depends on,
 	// as far as sharing goes); nil means none.
 	salt func(request.Owner) string
+	// window, when positive, makes it a sliding-window model: it samples
+	// from the last window positions only, so the pages before them may
+	// have been given back (Config.Window); it still checks every
+	// position it can read, and that none it needs was given back.
+	window int
 
 	foreign []string // descriptions of reads that were not the owner's
 	items   int
@@ -131,10 +145,23 @@ func (e *echoExecutor) run(it Item) int {
 		k[off], k[off+1] = echoSplit(tags[pos])
 		vv[off], vv[off+1] = float32(tok), float32(pos+1)
 	}
-	// Read everything the view exposes, page by page.
+	// Read everything the view exposes, page by page: from the first
+	// page it still holds (the earlier ones, given back behind the
+	// window, must read as nothing).
 	h := uint64(echoSeed)
-	pos := 0
-	for page := range v.NumPages() {
+	first := v.FirstPage()
+	for page := range first {
+		if len(v.K(0, page)) != 0 || len(v.V(0, page)) != 0 {
+			e.foreign = append(e.foreign, fmt.Sprintf("%v: page %d, given back, still reads", it.Owner, page))
+		}
+	}
+	end := start + len(it.Tokens)
+	if e.window == 0 && first > 0 || e.window > 0 && first*ps > max(0, start-e.window+1) {
+		e.foreign = append(e.foreign, fmt.Sprintf("%v: pages before %d given back, the step at %d needs positions from %d (window %d)",
+			it.Owner, first, start, max(0, start-e.window+1), e.window))
+	}
+	pos := first * ps
+	for page := first; page < v.NumPages(); page++ {
 		k, vv := v.K(0, page), v.V(0, page)
 		for off := 0; off+1 < len(k); off += 2 {
 			want := [4]float32{-1, -1, -1, float32(pos + 1)}
@@ -146,12 +173,14 @@ func (e *echoExecutor) run(it Item) int {
 			if got != want && len(e.foreign) < 16 {
 				e.foreign = append(e.foreign, fmt.Sprintf("%v read position %d: %v, want %v", it.Owner, pos, got, want))
 			}
-			h = echoFold(h, got[0], got[1], got[2], got[3])
+			if e.window == 0 || pos >= end-e.window {
+				h = echoFold(h, got[0], got[1], got[2], got[3])
+			}
 			pos++
 		}
 	}
-	if pos != start+len(it.Tokens) {
-		e.foreign = append(e.foreign, fmt.Sprintf("%v read %d positions, the step covers %d", it.Owner, pos, start+len(it.Tokens)))
+	if pos != end {
+		e.foreign = append(e.foreign, fmt.Sprintf("%v read up to position %d, the step covers %d", it.Owner, pos, end))
 	}
 	return int(h % uint64(e.vocab))
 }

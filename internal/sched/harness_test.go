@@ -40,6 +40,9 @@ type harnessOpts struct {
 	policy                  map[request.Tenant]TenantPolicy
 	endTokens               []int
 	reapAfter               time.Duration
+	// attnWindow makes the echo model a sliding-window one and gives
+	// the core its window (Config.Window).
+	attnWindow int
 }
 
 const harnessVocab = 64
@@ -62,7 +65,7 @@ func newHarness(t testing.TB, o harnessOpts) *harness {
 	cfg := Config{
 		Limits: lim, Pool: pool, MaxBatchTokens: o.batchTokens, MaxRunning: o.maxRunning,
 		WatermarkPages: wm, PrefixCache: o.prefix, EndTokens: o.endTokens,
-		QuarantineReapAfter: o.reapAfter,
+		QuarantineReapAfter: o.reapAfter, Window: o.attnWindow,
 	}
 	if o.policy != nil {
 		cfg.Policy = func(t request.Tenant) TenantPolicy { return o.policy[t] }
@@ -72,7 +75,7 @@ func newHarness(t testing.TB, o harnessOpts) *harness {
 		t.Fatal(err)
 	}
 	return &harness{
-		core: core, pool: pool, lim: lim, exec: &echoExecutor{vocab: harnessVocab},
+		core: core, pool: pool, lim: lim, exec: &echoExecutor{vocab: harnessVocab, window: o.attnWindow},
 		params: map[request.Owner]request.Params{}, tokens: map[request.Owner][]int{},
 		results: map[request.Owner]request.Result{}, nres: map[request.Owner]int{},
 		failNext: map[request.Owner]bool{}, failed: map[request.Owner]bool{},
@@ -123,7 +126,7 @@ func (h *harness) deliver(t testing.TB, rd Ready) {
 	for _, tok := range rd.Tokens {
 		p := h.params[tok.Owner]
 		hist := append(append([]int(nil), p.Prompt...), h.tokens[tok.Owner]...)
-		if want := echoNext(tok.Owner, p.CacheSalt, hist, harnessVocab); tok.ID != want {
+		if want := echoNextWindow(tok.Owner, p.CacheSalt, hist, harnessVocab, h.exec.window); tok.ID != want {
 			t.Fatalf("token %d of %v is %d, want %d", tok.Index, tok.Owner, tok.ID, want)
 		}
 		if tok.Index != len(h.tokens[tok.Owner]) {
