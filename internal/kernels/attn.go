@@ -28,12 +28,24 @@ func AttnGemm(dst []float32, ds int, a []float32, as int, b []float32, bs int, m
 		return
 	}
 	attnGemmCheck(dst, ds, a, as, b, bs, m, n, k)
-	pick(attnGemmVariants, tier)(dst, ds, a, as, b, bs, m, n, k, alpha)
+	pick(attnGemmVariants, tier)(dst, ds, a, as, b, bs, m, n, k, false, alpha)
+}
+
+// AttnGemmAcc is AttnGemm with alpha 1 that continues each output's sum
+// from the value in dst: the same FMA chain, so a sum over k split into
+// consecutive calls (one per KV page, say) gives exactly the bits of one
+// AttnGemm over all of k when dst starts at zero.
+func AttnGemmAcc(dst []float32, ds int, a []float32, as int, b []float32, bs int, m, n, k int) {
+	if m <= 0 || n <= 0 {
+		return
+	}
+	attnGemmCheck(dst, ds, a, as, b, bs, m, n, k)
+	pick(attnGemmVariants, tier)(dst, ds, a, as, b, bs, m, n, k, true, 1)
 }
 
 // attnGemmFn is the signature of the implementations; they may assume
 // attnGemmCheck passed and m, n > 0.
-type attnGemmFn = func(dst []float32, ds int, a []float32, as int, b []float32, bs int, m, n, k int, alpha float32)
+type attnGemmFn = func(dst []float32, ds int, a []float32, as int, b []float32, bs int, m, n, k int, acc bool, alpha float32)
 
 // attnGemmCheck panics unless every element the product reads or writes
 // lies inside its slice (the last row's last element is the furthest).
@@ -55,10 +67,12 @@ func attnGemmCheck(dst []float32, ds int, a []float32, as int, b []float32, bs i
 // attnGemmRef is the reference: each output summed in t order, the rows
 // of b streamed in order (an axpy per term) so that plain Go reads memory
 // sequentially.
-func attnGemmRef(dst []float32, ds int, a []float32, as int, b []float32, bs int, m, n, k int, alpha float32) {
+func attnGemmRef(dst []float32, ds int, a []float32, as int, b []float32, bs int, m, n, k int, acc bool, alpha float32) {
 	for i := 0; i < m; i++ {
 		dr := dst[i*ds : i*ds+n]
-		clear(dr)
+		if !acc {
+			clear(dr)
+		}
 		for t := 0; t < k; t++ {
 			x := a[i*as+t]
 			br := b[t*bs : t*bs+n]
@@ -74,15 +88,19 @@ func attnGemmRef(dst []float32, ds int, a []float32, as int, b []float32, bs int
 
 // attnKernel is one register-blocked tile of the assembly (attngen.go):
 // rows and column vectors fixed by the function, byte strides.
-type attnKernel = func(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+type attnKernel = func(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 // attnGemmTiled covers the m x n block with kernels from table
 // (table[r-1][c-1]: r rows, c vectors of lanes columns): row tiles of the
 // table's height inside column panels of its width, so a panel of b (k x
 // width) is read from cache by every row tile after the first. Columns
 // past the last whole vector take the reference.
-func attnGemmTiled(table [][]attnKernel, lanes int, dst []float32, ds int, a []float32, as int, b []float32, bs int, m, n, k int, alpha float32) {
+func attnGemmTiled(table [][]attnKernel, lanes int, dst []float32, ds int, a []float32, as int, b []float32, bs int, m, n, k int, acc bool, alpha float32) {
 	maxR, maxC := len(table), len(table[0])
+	ac := 0
+	if acc {
+		ac = 1
+	}
 	vec := n / lanes * lanes
 	var a0 *float32
 	if k > 0 {
@@ -100,7 +118,7 @@ func attnGemmTiled(table [][]attnKernel, lanes int, dst []float32, ds int, a []f
 			if k > 0 {
 				ap = &a[i0*as]
 			}
-			table[r-1][c-1](&dst[i0*ds+j0], 4*ds, ap, 4*as, bp, 4*bs, k, alpha)
+			table[r-1][c-1](&dst[i0*ds+j0], 4*ds, ap, 4*as, bp, 4*bs, k, ac, alpha)
 		}
 	}
 	if vec < n {
@@ -108,7 +126,7 @@ func attnGemmTiled(table [][]attnKernel, lanes int, dst []float32, ds int, a []f
 		if k > 0 {
 			bt = b[vec:]
 		}
-		attnGemmRef(dst[vec:], ds, a, as, bt, bs, m, n-vec, k, alpha)
+		attnGemmRef(dst[vec:], ds, a, as, bt, bs, m, n-vec, k, acc, alpha)
 	}
 }
 

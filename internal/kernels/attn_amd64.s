@@ -4,10 +4,10 @@
 
 #include "textflag.h"
 
-// func attnGemmAVX512r1c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX512r1c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 1 rows x 16 columns: accumulator (i, j) is Z0+i*1+j.
-TEXT ·attnGemmAVX512r1c1(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX512r1c1(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -17,7 +17,15 @@ TEXT ·attnGemmAVX512r1c1(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX512r1c1_load
 	VPXORD Z0, Z0, Z0
+	JMP attnGemmAVX512r1c1_start
+attnGemmAVX512r1c1_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Z0
+attnGemmAVX512r1c1_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX512r1c1_store
 attnGemmAVX512r1c1_loop:
@@ -30,16 +38,16 @@ attnGemmAVX512r1c1_loop:
 	DECQ CX
 	JNZ attnGemmAVX512r1c1_loop
 attnGemmAVX512r1c1_store:
-	VBROADCASTSS alpha+56(FP), Z31
+	VBROADCASTSS alpha+64(FP), Z31
 	VMULPS Z31, Z0, Z0
 	VMOVUPS Z0, 0(DI)
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX512r1c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX512r1c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 1 rows x 32 columns: accumulator (i, j) is Z0+i*2+j.
-TEXT ·attnGemmAVX512r1c2(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX512r1c2(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -49,8 +57,17 @@ TEXT ·attnGemmAVX512r1c2(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX512r1c2_load
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
+	JMP attnGemmAVX512r1c2_start
+attnGemmAVX512r1c2_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Z0
+	VMOVUPS 64(R11), Z1
+attnGemmAVX512r1c2_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX512r1c2_store
 attnGemmAVX512r1c2_loop:
@@ -65,7 +82,7 @@ attnGemmAVX512r1c2_loop:
 	DECQ CX
 	JNZ attnGemmAVX512r1c2_loop
 attnGemmAVX512r1c2_store:
-	VBROADCASTSS alpha+56(FP), Z31
+	VBROADCASTSS alpha+64(FP), Z31
 	VMULPS Z31, Z0, Z0
 	VMOVUPS Z0, 0(DI)
 	VMULPS Z31, Z1, Z1
@@ -73,10 +90,10 @@ attnGemmAVX512r1c2_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX512r1c3(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX512r1c3(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 1 rows x 48 columns: accumulator (i, j) is Z0+i*3+j.
-TEXT ·attnGemmAVX512r1c3(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX512r1c3(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -86,9 +103,19 @@ TEXT ·attnGemmAVX512r1c3(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX512r1c3_load
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
+	JMP attnGemmAVX512r1c3_start
+attnGemmAVX512r1c3_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Z0
+	VMOVUPS 64(R11), Z1
+	VMOVUPS 128(R11), Z2
+attnGemmAVX512r1c3_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX512r1c3_store
 attnGemmAVX512r1c3_loop:
@@ -105,7 +132,7 @@ attnGemmAVX512r1c3_loop:
 	DECQ CX
 	JNZ attnGemmAVX512r1c3_loop
 attnGemmAVX512r1c3_store:
-	VBROADCASTSS alpha+56(FP), Z31
+	VBROADCASTSS alpha+64(FP), Z31
 	VMULPS Z31, Z0, Z0
 	VMOVUPS Z0, 0(DI)
 	VMULPS Z31, Z1, Z1
@@ -115,10 +142,10 @@ attnGemmAVX512r1c3_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX512r1c4(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX512r1c4(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 1 rows x 64 columns: accumulator (i, j) is Z0+i*4+j.
-TEXT ·attnGemmAVX512r1c4(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX512r1c4(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -128,10 +155,21 @@ TEXT ·attnGemmAVX512r1c4(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX512r1c4_load
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
 	VPXORD Z3, Z3, Z3
+	JMP attnGemmAVX512r1c4_start
+attnGemmAVX512r1c4_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Z0
+	VMOVUPS 64(R11), Z1
+	VMOVUPS 128(R11), Z2
+	VMOVUPS 192(R11), Z3
+attnGemmAVX512r1c4_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX512r1c4_store
 attnGemmAVX512r1c4_loop:
@@ -150,7 +188,7 @@ attnGemmAVX512r1c4_loop:
 	DECQ CX
 	JNZ attnGemmAVX512r1c4_loop
 attnGemmAVX512r1c4_store:
-	VBROADCASTSS alpha+56(FP), Z31
+	VBROADCASTSS alpha+64(FP), Z31
 	VMULPS Z31, Z0, Z0
 	VMOVUPS Z0, 0(DI)
 	VMULPS Z31, Z1, Z1
@@ -162,10 +200,10 @@ attnGemmAVX512r1c4_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX512r2c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX512r2c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 2 rows x 16 columns: accumulator (i, j) is Z0+i*1+j.
-TEXT ·attnGemmAVX512r2c1(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX512r2c1(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -175,8 +213,18 @@ TEXT ·attnGemmAVX512r2c1(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX512r2c1_load
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
+	JMP attnGemmAVX512r2c1_start
+attnGemmAVX512r2c1_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Z0
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z1
+attnGemmAVX512r2c1_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX512r2c1_store
 attnGemmAVX512r2c1_loop:
@@ -191,7 +239,7 @@ attnGemmAVX512r2c1_loop:
 	DECQ CX
 	JNZ attnGemmAVX512r2c1_loop
 attnGemmAVX512r2c1_store:
-	VBROADCASTSS alpha+56(FP), Z31
+	VBROADCASTSS alpha+64(FP), Z31
 	VMULPS Z31, Z0, Z0
 	VMOVUPS Z0, 0(DI)
 	ADDQ R10, DI
@@ -200,10 +248,10 @@ attnGemmAVX512r2c1_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX512r2c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX512r2c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 2 rows x 32 columns: accumulator (i, j) is Z0+i*2+j.
-TEXT ·attnGemmAVX512r2c2(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX512r2c2(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -213,10 +261,22 @@ TEXT ·attnGemmAVX512r2c2(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX512r2c2_load
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
 	VPXORD Z3, Z3, Z3
+	JMP attnGemmAVX512r2c2_start
+attnGemmAVX512r2c2_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Z0
+	VMOVUPS 64(R11), Z1
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z2
+	VMOVUPS 64(R11), Z3
+attnGemmAVX512r2c2_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX512r2c2_store
 attnGemmAVX512r2c2_loop:
@@ -234,7 +294,7 @@ attnGemmAVX512r2c2_loop:
 	DECQ CX
 	JNZ attnGemmAVX512r2c2_loop
 attnGemmAVX512r2c2_store:
-	VBROADCASTSS alpha+56(FP), Z31
+	VBROADCASTSS alpha+64(FP), Z31
 	VMULPS Z31, Z0, Z0
 	VMOVUPS Z0, 0(DI)
 	VMULPS Z31, Z1, Z1
@@ -247,10 +307,10 @@ attnGemmAVX512r2c2_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX512r2c3(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX512r2c3(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 2 rows x 48 columns: accumulator (i, j) is Z0+i*3+j.
-TEXT ·attnGemmAVX512r2c3(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX512r2c3(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -260,12 +320,26 @@ TEXT ·attnGemmAVX512r2c3(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX512r2c3_load
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
 	VPXORD Z3, Z3, Z3
 	VPXORD Z4, Z4, Z4
 	VPXORD Z5, Z5, Z5
+	JMP attnGemmAVX512r2c3_start
+attnGemmAVX512r2c3_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Z0
+	VMOVUPS 64(R11), Z1
+	VMOVUPS 128(R11), Z2
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z3
+	VMOVUPS 64(R11), Z4
+	VMOVUPS 128(R11), Z5
+attnGemmAVX512r2c3_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX512r2c3_store
 attnGemmAVX512r2c3_loop:
@@ -286,7 +360,7 @@ attnGemmAVX512r2c3_loop:
 	DECQ CX
 	JNZ attnGemmAVX512r2c3_loop
 attnGemmAVX512r2c3_store:
-	VBROADCASTSS alpha+56(FP), Z31
+	VBROADCASTSS alpha+64(FP), Z31
 	VMULPS Z31, Z0, Z0
 	VMOVUPS Z0, 0(DI)
 	VMULPS Z31, Z1, Z1
@@ -303,10 +377,10 @@ attnGemmAVX512r2c3_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX512r2c4(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX512r2c4(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 2 rows x 64 columns: accumulator (i, j) is Z0+i*4+j.
-TEXT ·attnGemmAVX512r2c4(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX512r2c4(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -316,6 +390,9 @@ TEXT ·attnGemmAVX512r2c4(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX512r2c4_load
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
@@ -324,6 +401,19 @@ TEXT ·attnGemmAVX512r2c4(SB), NOSPLIT, $0-60
 	VPXORD Z5, Z5, Z5
 	VPXORD Z6, Z6, Z6
 	VPXORD Z7, Z7, Z7
+	JMP attnGemmAVX512r2c4_start
+attnGemmAVX512r2c4_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Z0
+	VMOVUPS 64(R11), Z1
+	VMOVUPS 128(R11), Z2
+	VMOVUPS 192(R11), Z3
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z4
+	VMOVUPS 64(R11), Z5
+	VMOVUPS 128(R11), Z6
+	VMOVUPS 192(R11), Z7
+attnGemmAVX512r2c4_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX512r2c4_store
 attnGemmAVX512r2c4_loop:
@@ -347,7 +437,7 @@ attnGemmAVX512r2c4_loop:
 	DECQ CX
 	JNZ attnGemmAVX512r2c4_loop
 attnGemmAVX512r2c4_store:
-	VBROADCASTSS alpha+56(FP), Z31
+	VBROADCASTSS alpha+64(FP), Z31
 	VMULPS Z31, Z0, Z0
 	VMOVUPS Z0, 0(DI)
 	VMULPS Z31, Z1, Z1
@@ -368,10 +458,10 @@ attnGemmAVX512r2c4_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX512r3c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX512r3c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 3 rows x 16 columns: accumulator (i, j) is Z0+i*1+j.
-TEXT ·attnGemmAVX512r3c1(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX512r3c1(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -381,9 +471,21 @@ TEXT ·attnGemmAVX512r3c1(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX512r3c1_load
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
+	JMP attnGemmAVX512r3c1_start
+attnGemmAVX512r3c1_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Z0
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z1
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z2
+attnGemmAVX512r3c1_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX512r3c1_store
 attnGemmAVX512r3c1_loop:
@@ -400,7 +502,7 @@ attnGemmAVX512r3c1_loop:
 	DECQ CX
 	JNZ attnGemmAVX512r3c1_loop
 attnGemmAVX512r3c1_store:
-	VBROADCASTSS alpha+56(FP), Z31
+	VBROADCASTSS alpha+64(FP), Z31
 	VMULPS Z31, Z0, Z0
 	VMOVUPS Z0, 0(DI)
 	ADDQ R10, DI
@@ -412,10 +514,10 @@ attnGemmAVX512r3c1_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX512r3c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX512r3c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 3 rows x 32 columns: accumulator (i, j) is Z0+i*2+j.
-TEXT ·attnGemmAVX512r3c2(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX512r3c2(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -425,12 +527,27 @@ TEXT ·attnGemmAVX512r3c2(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX512r3c2_load
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
 	VPXORD Z3, Z3, Z3
 	VPXORD Z4, Z4, Z4
 	VPXORD Z5, Z5, Z5
+	JMP attnGemmAVX512r3c2_start
+attnGemmAVX512r3c2_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Z0
+	VMOVUPS 64(R11), Z1
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z2
+	VMOVUPS 64(R11), Z3
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z4
+	VMOVUPS 64(R11), Z5
+attnGemmAVX512r3c2_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX512r3c2_store
 attnGemmAVX512r3c2_loop:
@@ -451,7 +568,7 @@ attnGemmAVX512r3c2_loop:
 	DECQ CX
 	JNZ attnGemmAVX512r3c2_loop
 attnGemmAVX512r3c2_store:
-	VBROADCASTSS alpha+56(FP), Z31
+	VBROADCASTSS alpha+64(FP), Z31
 	VMULPS Z31, Z0, Z0
 	VMOVUPS Z0, 0(DI)
 	VMULPS Z31, Z1, Z1
@@ -469,10 +586,10 @@ attnGemmAVX512r3c2_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX512r3c3(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX512r3c3(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 3 rows x 48 columns: accumulator (i, j) is Z0+i*3+j.
-TEXT ·attnGemmAVX512r3c3(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX512r3c3(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -482,6 +599,9 @@ TEXT ·attnGemmAVX512r3c3(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX512r3c3_load
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
@@ -491,6 +611,21 @@ TEXT ·attnGemmAVX512r3c3(SB), NOSPLIT, $0-60
 	VPXORD Z6, Z6, Z6
 	VPXORD Z7, Z7, Z7
 	VPXORD Z8, Z8, Z8
+	JMP attnGemmAVX512r3c3_start
+attnGemmAVX512r3c3_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Z0
+	VMOVUPS 64(R11), Z1
+	VMOVUPS 128(R11), Z2
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z3
+	VMOVUPS 64(R11), Z4
+	VMOVUPS 128(R11), Z5
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z6
+	VMOVUPS 64(R11), Z7
+	VMOVUPS 128(R11), Z8
+attnGemmAVX512r3c3_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX512r3c3_store
 attnGemmAVX512r3c3_loop:
@@ -515,7 +650,7 @@ attnGemmAVX512r3c3_loop:
 	DECQ CX
 	JNZ attnGemmAVX512r3c3_loop
 attnGemmAVX512r3c3_store:
-	VBROADCASTSS alpha+56(FP), Z31
+	VBROADCASTSS alpha+64(FP), Z31
 	VMULPS Z31, Z0, Z0
 	VMOVUPS Z0, 0(DI)
 	VMULPS Z31, Z1, Z1
@@ -539,10 +674,10 @@ attnGemmAVX512r3c3_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX512r3c4(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX512r3c4(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 3 rows x 64 columns: accumulator (i, j) is Z0+i*4+j.
-TEXT ·attnGemmAVX512r3c4(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX512r3c4(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -552,6 +687,9 @@ TEXT ·attnGemmAVX512r3c4(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX512r3c4_load
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
@@ -564,6 +702,24 @@ TEXT ·attnGemmAVX512r3c4(SB), NOSPLIT, $0-60
 	VPXORD Z9, Z9, Z9
 	VPXORD Z10, Z10, Z10
 	VPXORD Z11, Z11, Z11
+	JMP attnGemmAVX512r3c4_start
+attnGemmAVX512r3c4_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Z0
+	VMOVUPS 64(R11), Z1
+	VMOVUPS 128(R11), Z2
+	VMOVUPS 192(R11), Z3
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z4
+	VMOVUPS 64(R11), Z5
+	VMOVUPS 128(R11), Z6
+	VMOVUPS 192(R11), Z7
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z8
+	VMOVUPS 64(R11), Z9
+	VMOVUPS 128(R11), Z10
+	VMOVUPS 192(R11), Z11
+attnGemmAVX512r3c4_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX512r3c4_store
 attnGemmAVX512r3c4_loop:
@@ -592,7 +748,7 @@ attnGemmAVX512r3c4_loop:
 	DECQ CX
 	JNZ attnGemmAVX512r3c4_loop
 attnGemmAVX512r3c4_store:
-	VBROADCASTSS alpha+56(FP), Z31
+	VBROADCASTSS alpha+64(FP), Z31
 	VMULPS Z31, Z0, Z0
 	VMOVUPS Z0, 0(DI)
 	VMULPS Z31, Z1, Z1
@@ -622,10 +778,10 @@ attnGemmAVX512r3c4_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX512r4c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX512r4c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 4 rows x 16 columns: accumulator (i, j) is Z0+i*1+j.
-TEXT ·attnGemmAVX512r4c1(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX512r4c1(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -635,10 +791,24 @@ TEXT ·attnGemmAVX512r4c1(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX512r4c1_load
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
 	VPXORD Z3, Z3, Z3
+	JMP attnGemmAVX512r4c1_start
+attnGemmAVX512r4c1_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Z0
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z1
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z2
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z3
+attnGemmAVX512r4c1_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX512r4c1_store
 attnGemmAVX512r4c1_loop:
@@ -657,7 +827,7 @@ attnGemmAVX512r4c1_loop:
 	DECQ CX
 	JNZ attnGemmAVX512r4c1_loop
 attnGemmAVX512r4c1_store:
-	VBROADCASTSS alpha+56(FP), Z31
+	VBROADCASTSS alpha+64(FP), Z31
 	VMULPS Z31, Z0, Z0
 	VMOVUPS Z0, 0(DI)
 	ADDQ R10, DI
@@ -672,10 +842,10 @@ attnGemmAVX512r4c1_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX512r4c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX512r4c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 4 rows x 32 columns: accumulator (i, j) is Z0+i*2+j.
-TEXT ·attnGemmAVX512r4c2(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX512r4c2(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -685,6 +855,9 @@ TEXT ·attnGemmAVX512r4c2(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX512r4c2_load
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
@@ -693,6 +866,21 @@ TEXT ·attnGemmAVX512r4c2(SB), NOSPLIT, $0-60
 	VPXORD Z5, Z5, Z5
 	VPXORD Z6, Z6, Z6
 	VPXORD Z7, Z7, Z7
+	JMP attnGemmAVX512r4c2_start
+attnGemmAVX512r4c2_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Z0
+	VMOVUPS 64(R11), Z1
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z2
+	VMOVUPS 64(R11), Z3
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z4
+	VMOVUPS 64(R11), Z5
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z6
+	VMOVUPS 64(R11), Z7
+attnGemmAVX512r4c2_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX512r4c2_store
 attnGemmAVX512r4c2_loop:
@@ -716,7 +904,7 @@ attnGemmAVX512r4c2_loop:
 	DECQ CX
 	JNZ attnGemmAVX512r4c2_loop
 attnGemmAVX512r4c2_store:
-	VBROADCASTSS alpha+56(FP), Z31
+	VBROADCASTSS alpha+64(FP), Z31
 	VMULPS Z31, Z0, Z0
 	VMOVUPS Z0, 0(DI)
 	VMULPS Z31, Z1, Z1
@@ -739,10 +927,10 @@ attnGemmAVX512r4c2_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX512r4c3(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX512r4c3(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 4 rows x 48 columns: accumulator (i, j) is Z0+i*3+j.
-TEXT ·attnGemmAVX512r4c3(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX512r4c3(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -752,6 +940,9 @@ TEXT ·attnGemmAVX512r4c3(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX512r4c3_load
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
@@ -764,6 +955,25 @@ TEXT ·attnGemmAVX512r4c3(SB), NOSPLIT, $0-60
 	VPXORD Z9, Z9, Z9
 	VPXORD Z10, Z10, Z10
 	VPXORD Z11, Z11, Z11
+	JMP attnGemmAVX512r4c3_start
+attnGemmAVX512r4c3_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Z0
+	VMOVUPS 64(R11), Z1
+	VMOVUPS 128(R11), Z2
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z3
+	VMOVUPS 64(R11), Z4
+	VMOVUPS 128(R11), Z5
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z6
+	VMOVUPS 64(R11), Z7
+	VMOVUPS 128(R11), Z8
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z9
+	VMOVUPS 64(R11), Z10
+	VMOVUPS 128(R11), Z11
+attnGemmAVX512r4c3_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX512r4c3_store
 attnGemmAVX512r4c3_loop:
@@ -792,7 +1002,7 @@ attnGemmAVX512r4c3_loop:
 	DECQ CX
 	JNZ attnGemmAVX512r4c3_loop
 attnGemmAVX512r4c3_store:
-	VBROADCASTSS alpha+56(FP), Z31
+	VBROADCASTSS alpha+64(FP), Z31
 	VMULPS Z31, Z0, Z0
 	VMOVUPS Z0, 0(DI)
 	VMULPS Z31, Z1, Z1
@@ -823,10 +1033,10 @@ attnGemmAVX512r4c3_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX512r4c4(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX512r4c4(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 4 rows x 64 columns: accumulator (i, j) is Z0+i*4+j.
-TEXT ·attnGemmAVX512r4c4(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX512r4c4(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -836,6 +1046,9 @@ TEXT ·attnGemmAVX512r4c4(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX512r4c4_load
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
@@ -852,6 +1065,29 @@ TEXT ·attnGemmAVX512r4c4(SB), NOSPLIT, $0-60
 	VPXORD Z13, Z13, Z13
 	VPXORD Z14, Z14, Z14
 	VPXORD Z15, Z15, Z15
+	JMP attnGemmAVX512r4c4_start
+attnGemmAVX512r4c4_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Z0
+	VMOVUPS 64(R11), Z1
+	VMOVUPS 128(R11), Z2
+	VMOVUPS 192(R11), Z3
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z4
+	VMOVUPS 64(R11), Z5
+	VMOVUPS 128(R11), Z6
+	VMOVUPS 192(R11), Z7
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z8
+	VMOVUPS 64(R11), Z9
+	VMOVUPS 128(R11), Z10
+	VMOVUPS 192(R11), Z11
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z12
+	VMOVUPS 64(R11), Z13
+	VMOVUPS 128(R11), Z14
+	VMOVUPS 192(R11), Z15
+attnGemmAVX512r4c4_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX512r4c4_store
 attnGemmAVX512r4c4_loop:
@@ -885,7 +1121,7 @@ attnGemmAVX512r4c4_loop:
 	DECQ CX
 	JNZ attnGemmAVX512r4c4_loop
 attnGemmAVX512r4c4_store:
-	VBROADCASTSS alpha+56(FP), Z31
+	VBROADCASTSS alpha+64(FP), Z31
 	VMULPS Z31, Z0, Z0
 	VMOVUPS Z0, 0(DI)
 	VMULPS Z31, Z1, Z1
@@ -924,10 +1160,10 @@ attnGemmAVX512r4c4_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX512r5c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX512r5c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 5 rows x 16 columns: accumulator (i, j) is Z0+i*1+j.
-TEXT ·attnGemmAVX512r5c1(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX512r5c1(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -937,11 +1173,27 @@ TEXT ·attnGemmAVX512r5c1(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX512r5c1_load
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
 	VPXORD Z3, Z3, Z3
 	VPXORD Z4, Z4, Z4
+	JMP attnGemmAVX512r5c1_start
+attnGemmAVX512r5c1_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Z0
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z1
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z2
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z3
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z4
+attnGemmAVX512r5c1_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX512r5c1_store
 attnGemmAVX512r5c1_loop:
@@ -962,7 +1214,7 @@ attnGemmAVX512r5c1_loop:
 	DECQ CX
 	JNZ attnGemmAVX512r5c1_loop
 attnGemmAVX512r5c1_store:
-	VBROADCASTSS alpha+56(FP), Z31
+	VBROADCASTSS alpha+64(FP), Z31
 	VMULPS Z31, Z0, Z0
 	VMOVUPS Z0, 0(DI)
 	ADDQ R10, DI
@@ -980,10 +1232,10 @@ attnGemmAVX512r5c1_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX512r5c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX512r5c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 5 rows x 32 columns: accumulator (i, j) is Z0+i*2+j.
-TEXT ·attnGemmAVX512r5c2(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX512r5c2(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -993,6 +1245,9 @@ TEXT ·attnGemmAVX512r5c2(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX512r5c2_load
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
@@ -1003,6 +1258,24 @@ TEXT ·attnGemmAVX512r5c2(SB), NOSPLIT, $0-60
 	VPXORD Z7, Z7, Z7
 	VPXORD Z8, Z8, Z8
 	VPXORD Z9, Z9, Z9
+	JMP attnGemmAVX512r5c2_start
+attnGemmAVX512r5c2_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Z0
+	VMOVUPS 64(R11), Z1
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z2
+	VMOVUPS 64(R11), Z3
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z4
+	VMOVUPS 64(R11), Z5
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z6
+	VMOVUPS 64(R11), Z7
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z8
+	VMOVUPS 64(R11), Z9
+attnGemmAVX512r5c2_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX512r5c2_store
 attnGemmAVX512r5c2_loop:
@@ -1029,7 +1302,7 @@ attnGemmAVX512r5c2_loop:
 	DECQ CX
 	JNZ attnGemmAVX512r5c2_loop
 attnGemmAVX512r5c2_store:
-	VBROADCASTSS alpha+56(FP), Z31
+	VBROADCASTSS alpha+64(FP), Z31
 	VMULPS Z31, Z0, Z0
 	VMOVUPS Z0, 0(DI)
 	VMULPS Z31, Z1, Z1
@@ -1057,10 +1330,10 @@ attnGemmAVX512r5c2_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX512r5c3(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX512r5c3(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 5 rows x 48 columns: accumulator (i, j) is Z0+i*3+j.
-TEXT ·attnGemmAVX512r5c3(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX512r5c3(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -1070,6 +1343,9 @@ TEXT ·attnGemmAVX512r5c3(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX512r5c3_load
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
@@ -1085,6 +1361,29 @@ TEXT ·attnGemmAVX512r5c3(SB), NOSPLIT, $0-60
 	VPXORD Z12, Z12, Z12
 	VPXORD Z13, Z13, Z13
 	VPXORD Z14, Z14, Z14
+	JMP attnGemmAVX512r5c3_start
+attnGemmAVX512r5c3_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Z0
+	VMOVUPS 64(R11), Z1
+	VMOVUPS 128(R11), Z2
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z3
+	VMOVUPS 64(R11), Z4
+	VMOVUPS 128(R11), Z5
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z6
+	VMOVUPS 64(R11), Z7
+	VMOVUPS 128(R11), Z8
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z9
+	VMOVUPS 64(R11), Z10
+	VMOVUPS 128(R11), Z11
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z12
+	VMOVUPS 64(R11), Z13
+	VMOVUPS 128(R11), Z14
+attnGemmAVX512r5c3_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX512r5c3_store
 attnGemmAVX512r5c3_loop:
@@ -1117,7 +1416,7 @@ attnGemmAVX512r5c3_loop:
 	DECQ CX
 	JNZ attnGemmAVX512r5c3_loop
 attnGemmAVX512r5c3_store:
-	VBROADCASTSS alpha+56(FP), Z31
+	VBROADCASTSS alpha+64(FP), Z31
 	VMULPS Z31, Z0, Z0
 	VMOVUPS Z0, 0(DI)
 	VMULPS Z31, Z1, Z1
@@ -1155,10 +1454,10 @@ attnGemmAVX512r5c3_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX512r5c4(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX512r5c4(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 5 rows x 64 columns: accumulator (i, j) is Z0+i*4+j.
-TEXT ·attnGemmAVX512r5c4(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX512r5c4(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -1168,6 +1467,9 @@ TEXT ·attnGemmAVX512r5c4(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX512r5c4_load
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
@@ -1188,6 +1490,34 @@ TEXT ·attnGemmAVX512r5c4(SB), NOSPLIT, $0-60
 	VPXORD Z17, Z17, Z17
 	VPXORD Z18, Z18, Z18
 	VPXORD Z19, Z19, Z19
+	JMP attnGemmAVX512r5c4_start
+attnGemmAVX512r5c4_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Z0
+	VMOVUPS 64(R11), Z1
+	VMOVUPS 128(R11), Z2
+	VMOVUPS 192(R11), Z3
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z4
+	VMOVUPS 64(R11), Z5
+	VMOVUPS 128(R11), Z6
+	VMOVUPS 192(R11), Z7
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z8
+	VMOVUPS 64(R11), Z9
+	VMOVUPS 128(R11), Z10
+	VMOVUPS 192(R11), Z11
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z12
+	VMOVUPS 64(R11), Z13
+	VMOVUPS 128(R11), Z14
+	VMOVUPS 192(R11), Z15
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z16
+	VMOVUPS 64(R11), Z17
+	VMOVUPS 128(R11), Z18
+	VMOVUPS 192(R11), Z19
+attnGemmAVX512r5c4_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX512r5c4_store
 attnGemmAVX512r5c4_loop:
@@ -1226,7 +1556,7 @@ attnGemmAVX512r5c4_loop:
 	DECQ CX
 	JNZ attnGemmAVX512r5c4_loop
 attnGemmAVX512r5c4_store:
-	VBROADCASTSS alpha+56(FP), Z31
+	VBROADCASTSS alpha+64(FP), Z31
 	VMULPS Z31, Z0, Z0
 	VMOVUPS Z0, 0(DI)
 	VMULPS Z31, Z1, Z1
@@ -1274,10 +1604,10 @@ attnGemmAVX512r5c4_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX512r6c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX512r6c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 6 rows x 16 columns: accumulator (i, j) is Z0+i*1+j.
-TEXT ·attnGemmAVX512r6c1(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX512r6c1(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -1287,12 +1617,30 @@ TEXT ·attnGemmAVX512r6c1(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX512r6c1_load
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
 	VPXORD Z3, Z3, Z3
 	VPXORD Z4, Z4, Z4
 	VPXORD Z5, Z5, Z5
+	JMP attnGemmAVX512r6c1_start
+attnGemmAVX512r6c1_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Z0
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z1
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z2
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z3
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z4
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z5
+attnGemmAVX512r6c1_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX512r6c1_store
 attnGemmAVX512r6c1_loop:
@@ -1315,7 +1663,7 @@ attnGemmAVX512r6c1_loop:
 	DECQ CX
 	JNZ attnGemmAVX512r6c1_loop
 attnGemmAVX512r6c1_store:
-	VBROADCASTSS alpha+56(FP), Z31
+	VBROADCASTSS alpha+64(FP), Z31
 	VMULPS Z31, Z0, Z0
 	VMOVUPS Z0, 0(DI)
 	ADDQ R10, DI
@@ -1336,10 +1684,10 @@ attnGemmAVX512r6c1_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX512r6c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX512r6c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 6 rows x 32 columns: accumulator (i, j) is Z0+i*2+j.
-TEXT ·attnGemmAVX512r6c2(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX512r6c2(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -1349,6 +1697,9 @@ TEXT ·attnGemmAVX512r6c2(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX512r6c2_load
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
@@ -1361,6 +1712,27 @@ TEXT ·attnGemmAVX512r6c2(SB), NOSPLIT, $0-60
 	VPXORD Z9, Z9, Z9
 	VPXORD Z10, Z10, Z10
 	VPXORD Z11, Z11, Z11
+	JMP attnGemmAVX512r6c2_start
+attnGemmAVX512r6c2_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Z0
+	VMOVUPS 64(R11), Z1
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z2
+	VMOVUPS 64(R11), Z3
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z4
+	VMOVUPS 64(R11), Z5
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z6
+	VMOVUPS 64(R11), Z7
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z8
+	VMOVUPS 64(R11), Z9
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z10
+	VMOVUPS 64(R11), Z11
+attnGemmAVX512r6c2_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX512r6c2_store
 attnGemmAVX512r6c2_loop:
@@ -1390,7 +1762,7 @@ attnGemmAVX512r6c2_loop:
 	DECQ CX
 	JNZ attnGemmAVX512r6c2_loop
 attnGemmAVX512r6c2_store:
-	VBROADCASTSS alpha+56(FP), Z31
+	VBROADCASTSS alpha+64(FP), Z31
 	VMULPS Z31, Z0, Z0
 	VMOVUPS Z0, 0(DI)
 	VMULPS Z31, Z1, Z1
@@ -1423,10 +1795,10 @@ attnGemmAVX512r6c2_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX512r6c3(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX512r6c3(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 6 rows x 48 columns: accumulator (i, j) is Z0+i*3+j.
-TEXT ·attnGemmAVX512r6c3(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX512r6c3(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -1436,6 +1808,9 @@ TEXT ·attnGemmAVX512r6c3(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX512r6c3_load
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
@@ -1454,6 +1829,33 @@ TEXT ·attnGemmAVX512r6c3(SB), NOSPLIT, $0-60
 	VPXORD Z15, Z15, Z15
 	VPXORD Z16, Z16, Z16
 	VPXORD Z17, Z17, Z17
+	JMP attnGemmAVX512r6c3_start
+attnGemmAVX512r6c3_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Z0
+	VMOVUPS 64(R11), Z1
+	VMOVUPS 128(R11), Z2
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z3
+	VMOVUPS 64(R11), Z4
+	VMOVUPS 128(R11), Z5
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z6
+	VMOVUPS 64(R11), Z7
+	VMOVUPS 128(R11), Z8
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z9
+	VMOVUPS 64(R11), Z10
+	VMOVUPS 128(R11), Z11
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z12
+	VMOVUPS 64(R11), Z13
+	VMOVUPS 128(R11), Z14
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z15
+	VMOVUPS 64(R11), Z16
+	VMOVUPS 128(R11), Z17
+attnGemmAVX512r6c3_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX512r6c3_store
 attnGemmAVX512r6c3_loop:
@@ -1490,7 +1892,7 @@ attnGemmAVX512r6c3_loop:
 	DECQ CX
 	JNZ attnGemmAVX512r6c3_loop
 attnGemmAVX512r6c3_store:
-	VBROADCASTSS alpha+56(FP), Z31
+	VBROADCASTSS alpha+64(FP), Z31
 	VMULPS Z31, Z0, Z0
 	VMOVUPS Z0, 0(DI)
 	VMULPS Z31, Z1, Z1
@@ -1535,10 +1937,10 @@ attnGemmAVX512r6c3_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX512r6c4(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX512r6c4(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 6 rows x 64 columns: accumulator (i, j) is Z0+i*4+j.
-TEXT ·attnGemmAVX512r6c4(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX512r6c4(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -1548,6 +1950,9 @@ TEXT ·attnGemmAVX512r6c4(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX512r6c4_load
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
@@ -1572,6 +1977,39 @@ TEXT ·attnGemmAVX512r6c4(SB), NOSPLIT, $0-60
 	VPXORD Z21, Z21, Z21
 	VPXORD Z22, Z22, Z22
 	VPXORD Z23, Z23, Z23
+	JMP attnGemmAVX512r6c4_start
+attnGemmAVX512r6c4_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Z0
+	VMOVUPS 64(R11), Z1
+	VMOVUPS 128(R11), Z2
+	VMOVUPS 192(R11), Z3
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z4
+	VMOVUPS 64(R11), Z5
+	VMOVUPS 128(R11), Z6
+	VMOVUPS 192(R11), Z7
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z8
+	VMOVUPS 64(R11), Z9
+	VMOVUPS 128(R11), Z10
+	VMOVUPS 192(R11), Z11
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z12
+	VMOVUPS 64(R11), Z13
+	VMOVUPS 128(R11), Z14
+	VMOVUPS 192(R11), Z15
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z16
+	VMOVUPS 64(R11), Z17
+	VMOVUPS 128(R11), Z18
+	VMOVUPS 192(R11), Z19
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Z20
+	VMOVUPS 64(R11), Z21
+	VMOVUPS 128(R11), Z22
+	VMOVUPS 192(R11), Z23
+attnGemmAVX512r6c4_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX512r6c4_store
 attnGemmAVX512r6c4_loop:
@@ -1615,7 +2053,7 @@ attnGemmAVX512r6c4_loop:
 	DECQ CX
 	JNZ attnGemmAVX512r6c4_loop
 attnGemmAVX512r6c4_store:
-	VBROADCASTSS alpha+56(FP), Z31
+	VBROADCASTSS alpha+64(FP), Z31
 	VMULPS Z31, Z0, Z0
 	VMOVUPS Z0, 0(DI)
 	VMULPS Z31, Z1, Z1
@@ -1672,10 +2110,10 @@ attnGemmAVX512r6c4_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX2r1c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX2r1c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 1 rows x 8 columns: accumulator (i, j) is Y0+i*1+j.
-TEXT ·attnGemmAVX2r1c1(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX2r1c1(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -1685,7 +2123,15 @@ TEXT ·attnGemmAVX2r1c1(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX2r1c1_load
 	VXORPS Y0, Y0, Y0
+	JMP attnGemmAVX2r1c1_start
+attnGemmAVX2r1c1_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Y0
+attnGemmAVX2r1c1_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX2r1c1_store
 attnGemmAVX2r1c1_loop:
@@ -1698,16 +2144,16 @@ attnGemmAVX2r1c1_loop:
 	DECQ CX
 	JNZ attnGemmAVX2r1c1_loop
 attnGemmAVX2r1c1_store:
-	VBROADCASTSS alpha+56(FP), Y15
+	VBROADCASTSS alpha+64(FP), Y15
 	VMULPS Y15, Y0, Y0
 	VMOVUPS Y0, 0(DI)
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX2r1c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX2r1c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 1 rows x 16 columns: accumulator (i, j) is Y0+i*2+j.
-TEXT ·attnGemmAVX2r1c2(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX2r1c2(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -1717,8 +2163,17 @@ TEXT ·attnGemmAVX2r1c2(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX2r1c2_load
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
+	JMP attnGemmAVX2r1c2_start
+attnGemmAVX2r1c2_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Y0
+	VMOVUPS 32(R11), Y1
+attnGemmAVX2r1c2_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX2r1c2_store
 attnGemmAVX2r1c2_loop:
@@ -1733,7 +2188,7 @@ attnGemmAVX2r1c2_loop:
 	DECQ CX
 	JNZ attnGemmAVX2r1c2_loop
 attnGemmAVX2r1c2_store:
-	VBROADCASTSS alpha+56(FP), Y15
+	VBROADCASTSS alpha+64(FP), Y15
 	VMULPS Y15, Y0, Y0
 	VMOVUPS Y0, 0(DI)
 	VMULPS Y15, Y1, Y1
@@ -1741,10 +2196,10 @@ attnGemmAVX2r1c2_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX2r2c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX2r2c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 2 rows x 8 columns: accumulator (i, j) is Y0+i*1+j.
-TEXT ·attnGemmAVX2r2c1(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX2r2c1(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -1754,8 +2209,18 @@ TEXT ·attnGemmAVX2r2c1(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX2r2c1_load
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
+	JMP attnGemmAVX2r2c1_start
+attnGemmAVX2r2c1_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Y0
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y1
+attnGemmAVX2r2c1_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX2r2c1_store
 attnGemmAVX2r2c1_loop:
@@ -1770,7 +2235,7 @@ attnGemmAVX2r2c1_loop:
 	DECQ CX
 	JNZ attnGemmAVX2r2c1_loop
 attnGemmAVX2r2c1_store:
-	VBROADCASTSS alpha+56(FP), Y15
+	VBROADCASTSS alpha+64(FP), Y15
 	VMULPS Y15, Y0, Y0
 	VMOVUPS Y0, 0(DI)
 	ADDQ R10, DI
@@ -1779,10 +2244,10 @@ attnGemmAVX2r2c1_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX2r2c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX2r2c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 2 rows x 16 columns: accumulator (i, j) is Y0+i*2+j.
-TEXT ·attnGemmAVX2r2c2(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX2r2c2(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -1792,10 +2257,22 @@ TEXT ·attnGemmAVX2r2c2(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX2r2c2_load
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
+	JMP attnGemmAVX2r2c2_start
+attnGemmAVX2r2c2_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Y0
+	VMOVUPS 32(R11), Y1
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y2
+	VMOVUPS 32(R11), Y3
+attnGemmAVX2r2c2_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX2r2c2_store
 attnGemmAVX2r2c2_loop:
@@ -1813,7 +2290,7 @@ attnGemmAVX2r2c2_loop:
 	DECQ CX
 	JNZ attnGemmAVX2r2c2_loop
 attnGemmAVX2r2c2_store:
-	VBROADCASTSS alpha+56(FP), Y15
+	VBROADCASTSS alpha+64(FP), Y15
 	VMULPS Y15, Y0, Y0
 	VMOVUPS Y0, 0(DI)
 	VMULPS Y15, Y1, Y1
@@ -1826,10 +2303,10 @@ attnGemmAVX2r2c2_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX2r3c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX2r3c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 3 rows x 8 columns: accumulator (i, j) is Y0+i*1+j.
-TEXT ·attnGemmAVX2r3c1(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX2r3c1(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -1839,9 +2316,21 @@ TEXT ·attnGemmAVX2r3c1(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX2r3c1_load
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
+	JMP attnGemmAVX2r3c1_start
+attnGemmAVX2r3c1_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Y0
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y1
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y2
+attnGemmAVX2r3c1_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX2r3c1_store
 attnGemmAVX2r3c1_loop:
@@ -1858,7 +2347,7 @@ attnGemmAVX2r3c1_loop:
 	DECQ CX
 	JNZ attnGemmAVX2r3c1_loop
 attnGemmAVX2r3c1_store:
-	VBROADCASTSS alpha+56(FP), Y15
+	VBROADCASTSS alpha+64(FP), Y15
 	VMULPS Y15, Y0, Y0
 	VMOVUPS Y0, 0(DI)
 	ADDQ R10, DI
@@ -1870,10 +2359,10 @@ attnGemmAVX2r3c1_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX2r3c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX2r3c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 3 rows x 16 columns: accumulator (i, j) is Y0+i*2+j.
-TEXT ·attnGemmAVX2r3c2(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX2r3c2(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -1883,12 +2372,27 @@ TEXT ·attnGemmAVX2r3c2(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX2r3c2_load
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
 	VXORPS Y5, Y5, Y5
+	JMP attnGemmAVX2r3c2_start
+attnGemmAVX2r3c2_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Y0
+	VMOVUPS 32(R11), Y1
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y2
+	VMOVUPS 32(R11), Y3
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y4
+	VMOVUPS 32(R11), Y5
+attnGemmAVX2r3c2_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX2r3c2_store
 attnGemmAVX2r3c2_loop:
@@ -1909,7 +2413,7 @@ attnGemmAVX2r3c2_loop:
 	DECQ CX
 	JNZ attnGemmAVX2r3c2_loop
 attnGemmAVX2r3c2_store:
-	VBROADCASTSS alpha+56(FP), Y15
+	VBROADCASTSS alpha+64(FP), Y15
 	VMULPS Y15, Y0, Y0
 	VMOVUPS Y0, 0(DI)
 	VMULPS Y15, Y1, Y1
@@ -1927,10 +2431,10 @@ attnGemmAVX2r3c2_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX2r4c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX2r4c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 4 rows x 8 columns: accumulator (i, j) is Y0+i*1+j.
-TEXT ·attnGemmAVX2r4c1(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX2r4c1(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -1940,10 +2444,24 @@ TEXT ·attnGemmAVX2r4c1(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX2r4c1_load
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
+	JMP attnGemmAVX2r4c1_start
+attnGemmAVX2r4c1_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Y0
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y1
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y2
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y3
+attnGemmAVX2r4c1_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX2r4c1_store
 attnGemmAVX2r4c1_loop:
@@ -1962,7 +2480,7 @@ attnGemmAVX2r4c1_loop:
 	DECQ CX
 	JNZ attnGemmAVX2r4c1_loop
 attnGemmAVX2r4c1_store:
-	VBROADCASTSS alpha+56(FP), Y15
+	VBROADCASTSS alpha+64(FP), Y15
 	VMULPS Y15, Y0, Y0
 	VMOVUPS Y0, 0(DI)
 	ADDQ R10, DI
@@ -1977,10 +2495,10 @@ attnGemmAVX2r4c1_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX2r4c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX2r4c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 4 rows x 16 columns: accumulator (i, j) is Y0+i*2+j.
-TEXT ·attnGemmAVX2r4c2(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX2r4c2(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -1990,6 +2508,9 @@ TEXT ·attnGemmAVX2r4c2(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX2r4c2_load
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -1998,6 +2519,21 @@ TEXT ·attnGemmAVX2r4c2(SB), NOSPLIT, $0-60
 	VXORPS Y5, Y5, Y5
 	VXORPS Y6, Y6, Y6
 	VXORPS Y7, Y7, Y7
+	JMP attnGemmAVX2r4c2_start
+attnGemmAVX2r4c2_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Y0
+	VMOVUPS 32(R11), Y1
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y2
+	VMOVUPS 32(R11), Y3
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y4
+	VMOVUPS 32(R11), Y5
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y6
+	VMOVUPS 32(R11), Y7
+attnGemmAVX2r4c2_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX2r4c2_store
 attnGemmAVX2r4c2_loop:
@@ -2021,7 +2557,7 @@ attnGemmAVX2r4c2_loop:
 	DECQ CX
 	JNZ attnGemmAVX2r4c2_loop
 attnGemmAVX2r4c2_store:
-	VBROADCASTSS alpha+56(FP), Y15
+	VBROADCASTSS alpha+64(FP), Y15
 	VMULPS Y15, Y0, Y0
 	VMOVUPS Y0, 0(DI)
 	VMULPS Y15, Y1, Y1
@@ -2044,10 +2580,10 @@ attnGemmAVX2r4c2_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX2r5c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX2r5c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 5 rows x 8 columns: accumulator (i, j) is Y0+i*1+j.
-TEXT ·attnGemmAVX2r5c1(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX2r5c1(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -2057,11 +2593,27 @@ TEXT ·attnGemmAVX2r5c1(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX2r5c1_load
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
+	JMP attnGemmAVX2r5c1_start
+attnGemmAVX2r5c1_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Y0
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y1
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y2
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y3
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y4
+attnGemmAVX2r5c1_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX2r5c1_store
 attnGemmAVX2r5c1_loop:
@@ -2082,7 +2634,7 @@ attnGemmAVX2r5c1_loop:
 	DECQ CX
 	JNZ attnGemmAVX2r5c1_loop
 attnGemmAVX2r5c1_store:
-	VBROADCASTSS alpha+56(FP), Y15
+	VBROADCASTSS alpha+64(FP), Y15
 	VMULPS Y15, Y0, Y0
 	VMOVUPS Y0, 0(DI)
 	ADDQ R10, DI
@@ -2100,10 +2652,10 @@ attnGemmAVX2r5c1_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX2r5c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX2r5c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 5 rows x 16 columns: accumulator (i, j) is Y0+i*2+j.
-TEXT ·attnGemmAVX2r5c2(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX2r5c2(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -2113,6 +2665,9 @@ TEXT ·attnGemmAVX2r5c2(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX2r5c2_load
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -2123,6 +2678,24 @@ TEXT ·attnGemmAVX2r5c2(SB), NOSPLIT, $0-60
 	VXORPS Y7, Y7, Y7
 	VXORPS Y8, Y8, Y8
 	VXORPS Y9, Y9, Y9
+	JMP attnGemmAVX2r5c2_start
+attnGemmAVX2r5c2_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Y0
+	VMOVUPS 32(R11), Y1
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y2
+	VMOVUPS 32(R11), Y3
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y4
+	VMOVUPS 32(R11), Y5
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y6
+	VMOVUPS 32(R11), Y7
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y8
+	VMOVUPS 32(R11), Y9
+attnGemmAVX2r5c2_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX2r5c2_store
 attnGemmAVX2r5c2_loop:
@@ -2149,7 +2722,7 @@ attnGemmAVX2r5c2_loop:
 	DECQ CX
 	JNZ attnGemmAVX2r5c2_loop
 attnGemmAVX2r5c2_store:
-	VBROADCASTSS alpha+56(FP), Y15
+	VBROADCASTSS alpha+64(FP), Y15
 	VMULPS Y15, Y0, Y0
 	VMOVUPS Y0, 0(DI)
 	VMULPS Y15, Y1, Y1
@@ -2177,10 +2750,10 @@ attnGemmAVX2r5c2_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX2r6c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX2r6c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 6 rows x 8 columns: accumulator (i, j) is Y0+i*1+j.
-TEXT ·attnGemmAVX2r6c1(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX2r6c1(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -2190,12 +2763,30 @@ TEXT ·attnGemmAVX2r6c1(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX2r6c1_load
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
 	VXORPS Y5, Y5, Y5
+	JMP attnGemmAVX2r6c1_start
+attnGemmAVX2r6c1_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Y0
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y1
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y2
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y3
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y4
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y5
+attnGemmAVX2r6c1_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX2r6c1_store
 attnGemmAVX2r6c1_loop:
@@ -2218,7 +2809,7 @@ attnGemmAVX2r6c1_loop:
 	DECQ CX
 	JNZ attnGemmAVX2r6c1_loop
 attnGemmAVX2r6c1_store:
-	VBROADCASTSS alpha+56(FP), Y15
+	VBROADCASTSS alpha+64(FP), Y15
 	VMULPS Y15, Y0, Y0
 	VMOVUPS Y0, 0(DI)
 	ADDQ R10, DI
@@ -2239,10 +2830,10 @@ attnGemmAVX2r6c1_store:
 	VZEROUPPER
 	RET
 
-// func attnGemmAVX2r6c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+// func attnGemmAVX2r6c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 //
 // 6 rows x 16 columns: accumulator (i, j) is Y0+i*2+j.
-TEXT ·attnGemmAVX2r6c2(SB), NOSPLIT, $0-60
+TEXT ·attnGemmAVX2r6c2(SB), NOSPLIT, $0-68
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R10
 	MOVQ a+16(FP), SI
@@ -2252,6 +2843,9 @@ TEXT ·attnGemmAVX2r6c2(SB), NOSPLIT, $0-60
 	MOVQ k+48(FP), CX
 	LEAQ (SI)(R8*2), DX
 	ADDQ R8, DX
+	MOVQ acc+56(FP), AX
+	TESTQ AX, AX
+	JNZ attnGemmAVX2r6c2_load
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -2264,6 +2858,27 @@ TEXT ·attnGemmAVX2r6c2(SB), NOSPLIT, $0-60
 	VXORPS Y9, Y9, Y9
 	VXORPS Y10, Y10, Y10
 	VXORPS Y11, Y11, Y11
+	JMP attnGemmAVX2r6c2_start
+attnGemmAVX2r6c2_load:
+	MOVQ DI, R11
+	VMOVUPS 0(R11), Y0
+	VMOVUPS 32(R11), Y1
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y2
+	VMOVUPS 32(R11), Y3
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y4
+	VMOVUPS 32(R11), Y5
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y6
+	VMOVUPS 32(R11), Y7
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y8
+	VMOVUPS 32(R11), Y9
+	ADDQ R10, R11
+	VMOVUPS 0(R11), Y10
+	VMOVUPS 32(R11), Y11
+attnGemmAVX2r6c2_start:
 	TESTQ CX, CX
 	JZ attnGemmAVX2r6c2_store
 attnGemmAVX2r6c2_loop:
@@ -2293,7 +2908,7 @@ attnGemmAVX2r6c2_loop:
 	DECQ CX
 	JNZ attnGemmAVX2r6c2_loop
 attnGemmAVX2r6c2_store:
-	VBROADCASTSS alpha+56(FP), Y15
+	VBROADCASTSS alpha+64(FP), Y15
 	VMULPS Y15, Y0, Y0
 	VMOVUPS Y0, 0(DI)
 	VMULPS Y15, Y1, Y1

@@ -5,76 +5,76 @@
 package kernels
 
 //go:noescape
-func attnGemmAVX512r1c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX512r1c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX512r1c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX512r1c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX512r1c3(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX512r1c3(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX512r1c4(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX512r1c4(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX512r2c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX512r2c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX512r2c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX512r2c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX512r2c3(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX512r2c3(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX512r2c4(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX512r2c4(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX512r3c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX512r3c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX512r3c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX512r3c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX512r3c3(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX512r3c3(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX512r3c4(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX512r3c4(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX512r4c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX512r4c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX512r4c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX512r4c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX512r4c3(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX512r4c3(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX512r4c4(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX512r4c4(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX512r5c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX512r5c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX512r5c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX512r5c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX512r5c3(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX512r5c3(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX512r5c4(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX512r5c4(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX512r6c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX512r6c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX512r6c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX512r6c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX512r6c3(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX512r6c3(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX512r6c4(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX512r6c4(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 // attnGemmAVX512Kernels[r-1][c-1] is the r-row, c-vector kernel.
 var attnGemmAVX512Kernels = [][]attnKernel{
@@ -87,40 +87,40 @@ var attnGemmAVX512Kernels = [][]attnKernel{
 }
 
 //go:noescape
-func attnGemmAVX2r1c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX2r1c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX2r1c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX2r1c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX2r2c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX2r2c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX2r2c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX2r2c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX2r3c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX2r3c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX2r3c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX2r3c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX2r4c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX2r4c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX2r4c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX2r4c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX2r5c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX2r5c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX2r5c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX2r5c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX2r6c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX2r6c1(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 //go:noescape
-func attnGemmAVX2r6c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)
+func attnGemmAVX2r6c2(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)
 
 // attnGemmAVX2Kernels[r-1][c-1] is the r-row, c-vector kernel.
 var attnGemmAVX2Kernels = [][]attnKernel{

@@ -26,34 +26,96 @@ func TestAttnGemmVariants(t *testing.T) {
 	}
 	for _, v := range attnGemmVariants {
 		for _, s := range shapes {
-			ds, as, bs := s.n+rng.IntN(5), s.k+rng.IntN(5), s.n+rng.IntN(20)
-			a := randF32(rng, max(0, (s.m-1)*as+s.k))
-			b := randF32(rng, max(0, (s.k-1)*bs+s.n))
-			const sentinel = -12345.5
-			dst := make([]float32, (s.m-1)*ds+s.n+7)
-			for i := range dst {
-				dst[i] = sentinel
-			}
-			alpha := float32(0.125 + rng.Float64())
-			v.fn(dst, ds, a, as, b, bs, s.m, s.n, s.k, alpha)
-			for idx, got := range dst {
-				i, j := idx/ds, idx%ds
-				if i >= s.m || j >= s.n {
-					if got != sentinel {
-						t.Fatalf("%s %+v: wrote dst[%d] (row %d col %d) outside the block", v.name, s, idx, i, j)
+			for _, acc := range []bool{false, true} {
+				ds, as, bs := s.n+rng.IntN(5), s.k+rng.IntN(5), s.n+rng.IntN(20)
+				a := randF32(rng, max(0, (s.m-1)*as+s.k))
+				b := randF32(rng, max(0, (s.k-1)*bs+s.n))
+				const sentinel = -12345.5
+				dst := make([]float32, (s.m-1)*ds+s.n+7)
+				for i := range dst {
+					dst[i] = sentinel
+				}
+				alpha := float32(0.125 + rng.Float64())
+				init := randF32(rng, len(dst))
+				if acc {
+					alpha = 1
+					for i := range dst {
+						if i/ds < s.m && i%ds < s.n {
+							dst[i] = init[i]
+						}
 					}
-					continue
 				}
-				var exact, mag float64
-				for u := 0; u < s.k; u++ {
-					p := float64(a[i*as+u]) * float64(b[u*bs+j])
-					exact += p
-					mag += math.Abs(p)
+				v.fn(dst, ds, a, as, b, bs, s.m, s.n, s.k, acc, alpha)
+				for idx, got := range dst {
+					i, j := idx/ds, idx%ds
+					if i >= s.m || j >= s.n {
+						if got != sentinel {
+							t.Fatalf("%s %+v acc=%v: wrote dst[%d] (row %d col %d) outside the block", v.name, s, acc, idx, i, j)
+						}
+						continue
+					}
+					var exact, mag float64
+					if acc {
+						exact, mag = float64(init[idx]), math.Abs(float64(init[idx]))
+					}
+					for u := 0; u < s.k; u++ {
+						p := float64(a[i*as+u]) * float64(b[u*bs+j])
+						exact += p
+						mag += math.Abs(p)
+					}
+					exact *= float64(alpha)
+					bound := float64(s.k+2)*0x1p-24*mag*float64(alpha) + 1e-30
+					if math.Abs(float64(got)-exact) > bound {
+						t.Fatalf("%s %+v acc=%v: dst[%d][%d] = %g, exact %g (bound %g)", v.name, s, acc, i, j, got, exact, bound)
+					}
 				}
-				exact *= float64(alpha)
-				bound := float64(s.k+2)*0x1p-24*mag*float64(alpha) + 1e-30
-				if math.Abs(float64(got)-exact) > bound {
-					t.Fatalf("%s %+v: dst[%d][%d] = %g, exact %g (bound %g)", v.name, s, i, j, got, exact, bound)
+			}
+		}
+	}
+}
+
+// TestAttnGemmSameChain: the properties attention's two paths rest on, on
+// every variant, bit for bit. A product over k split into consecutive
+// AttnGemmAcc calls (one per KV page) equals one call over all of k; and
+// A x B equals (Bᵀ x Aᵀ)ᵀ when both products' columns are whole vectors
+// (multiples of 16), since each output is the same FMA chain over k
+// whichever operand is broadcast.
+func TestAttnGemmSameChain(t *testing.T) {
+	rng := newRand(73)
+	for _, v := range attnGemmVariants {
+		for _, sh := range []struct{ m, n, k, split int }{{3, 16, 64, 16}, {30, 48, 64, 5}, {7, 64, 96, 33}, {1, 32, 1, 1}, {16, 80, 128, 64}} {
+			m, n, k := sh.m, sh.n, sh.k
+			a, b := randF32(rng, m*k), randF32(rng, k*n)
+			whole := make([]float32, m*n)
+			v.fn(whole, n, a, k, b, n, m, n, k, false, 1)
+			split := make([]float32, m*n)
+			for k0 := 0; k0 < k; k0 += sh.split {
+				k1 := min(k, k0+sh.split)
+				v.fn(split, n, a[k0:], k, b[k0*n:], n, m, n, k1-k0, true, 1)
+			}
+			// Transposed: Bᵀ (n x k) times Aᵀ (k x mp), mp = m padded
+			// to whole vectors with zero columns.
+			mp := (m + 15) &^ 15
+			bt, at := make([]float32, n*k), make([]float32, k*mp)
+			for u := range k {
+				for j := range n {
+					bt[j*k+u] = b[u*n+j]
+				}
+				for i := range m {
+					at[u*mp+i] = a[i*k+u]
+				}
+			}
+			tr := make([]float32, n*mp)
+			v.fn(tr, mp, bt, k, at, mp, n, mp, k, false, 1)
+			for i := range m {
+				for j := range n {
+					w := whole[i*n+j]
+					if math.Float32bits(split[i*n+j]) != math.Float32bits(w) {
+						t.Fatalf("%s %+v: split over k [%d][%d] = %g, whole %g", v.name, sh, i, j, split[i*n+j], w)
+					}
+					if math.Float32bits(tr[j*mp+i]) != math.Float32bits(w) {
+						t.Fatalf("%s %+v: transposed product [%d][%d] = %g, direct %g", v.name, sh, i, j, tr[j*mp+i], w)
+					}
 				}
 			}
 		}
@@ -68,7 +130,7 @@ func TestAttnGemmInstalled(t *testing.T) {
 	a, b := randF32(rng, 4*64), randF32(rng, 64*48)
 	got, want := make([]float32, 4*48), make([]float32, 4*48)
 	AttnGemm(got, 48, a, 64, b, 48, 4, 48, 64, 0.5)
-	pick(attnGemmVariants, tier)(want, 48, a, 64, b, 48, 4, 48, 64, 0.5)
+	pick(attnGemmVariants, tier)(want, 48, a, 64, b, 48, 4, 48, 64, false, 0.5)
 	for i := range got {
 		if got[i] != want[i] {
 			t.Fatalf("AttnGemm[%d] = %g, the installed %s variant %g", i, got[i], Implementation(), want[i])
@@ -107,8 +169,8 @@ func BenchmarkAttnGemm(b *testing.B) {
 	for _, vr := range attnGemmVariants {
 		b.Run(vr.name, func(b *testing.B) {
 			for range b.N {
-				vr.fn(s, n, q, hd, kt, n, m, n, hd, 0.125)
-				vr.fn(o, hd, s, n, v, hd, m, hd, n, 1)
+				vr.fn(s, n, q, hd, kt, n, m, n, hd, false, 0.125)
+				vr.fn(o, hd, s, n, v, hd, m, hd, n, false, 1)
 			}
 			b.ReportMetric(float64(4*m*hd*n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 		})

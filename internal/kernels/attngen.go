@@ -11,7 +11,9 @@
 //	dst[i*ds + j] = alpha * (a[i*as+0]*b[0*bs+j] + ... + a[i*as+k-1]*b[(k-1)*bs+j])
 //
 // with one FMA chain per output in k order (so each output's sum is the
-// same on both tiers and the same as a scalar FMA loop). Per step of k it
+// same on both tiers and the same as a scalar FMA loop). With acc != 0 the
+// chains start from dst's values instead of zero (alpha is then 1), so a
+// sum over k split across calls is the same chain as one call over all k. Per step of k it
 // loads C vectors of row k of b, broadcasts a[i*as+k] once per row and
 // issues R*C independent FMAs: b is read as whole vectors, a as scalars, and
 // no horizontal sum is ever needed. Strides are in bytes.
@@ -70,10 +72,10 @@ func kernel(s isa, r, c int) {
 	bv := func(j int) string { return fmt.Sprintf("%s%d", s.reg, s.breg+j) }
 	bc := fmt.Sprintf("%s%d", s.reg, s.bcast)
 	al := fmt.Sprintf("%s%d", s.reg, s.alpha)
-	p("// func %s(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)", name)
+	p("// func %s(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)", name)
 	p("//")
 	p("// %d rows x %d columns: accumulator (i, j) is %s.", r, c*s.vbytes/4, acc(0, 0)+"+i*"+fmt.Sprint(c)+"+j")
-	p("TEXT ·%s(SB), NOSPLIT, $0-60", name)
+	p("TEXT ·%s(SB), NOSPLIT, $0-68", name)
 	p("\tMOVQ dst+0(FP), DI")
 	p("\tMOVQ ds+8(FP), R10")
 	p("\tMOVQ a+16(FP), SI")
@@ -83,11 +85,26 @@ func kernel(s isa, r, c int) {
 	p("\tMOVQ k+48(FP), CX")
 	p("\tLEAQ (SI)(R8*2), DX")
 	p("\tADDQ R8, DX")
+	p("\tMOVQ acc+56(FP), AX")
+	p("\tTESTQ AX, AX")
+	p("\tJNZ %s_load", name)
 	for i := 0; i < r; i++ {
 		for j := 0; j < c; j++ {
 			p("\t%s %s, %s, %s", s.zero, acc(i, j), acc(i, j), acc(i, j))
 		}
 	}
+	p("\tJMP %s_start", name)
+	p("%s_load:", name)
+	p("\tMOVQ DI, R11")
+	for i := 0; i < r; i++ {
+		for j := 0; j < c; j++ {
+			p("\tVMOVUPS %d(R11), %s", j*s.vbytes, acc(i, j))
+		}
+		if i < r-1 {
+			p("\tADDQ R10, R11")
+		}
+	}
+	p("%s_start:", name)
 	p("\tTESTQ CX, CX")
 	p("\tJZ %s_store", name)
 	p("%s_loop:", name)
@@ -106,7 +123,7 @@ func kernel(s isa, r, c int) {
 	p("\tDECQ CX")
 	p("\tJNZ %s_loop", name)
 	p("%s_store:", name)
-	p("\tVBROADCASTSS alpha+56(FP), %s", al)
+	p("\tVBROADCASTSS alpha+64(FP), %s", al)
 	for i := 0; i < r; i++ {
 		for j := 0; j < c; j++ {
 			p("\tVMULPS %s, %s, %s", al, acc(i, j), acc(i, j))
@@ -144,7 +161,7 @@ func main() {
 	for _, s := range isas {
 		for r := 1; r <= s.maxR; r++ {
 			for c := 1; c <= s.maxC; c++ {
-				fmt.Fprintf(&g, "//go:noescape\nfunc attnGemm%sr%dc%d(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, alpha float32)\n\n", s.name, r, c)
+				fmt.Fprintf(&g, "//go:noescape\nfunc attnGemm%sr%dc%d(dst *float32, ds int, a *float32, as int, b *float32, bs int, k int, acc int, alpha float32)\n\n", s.name, r, c)
 			}
 		}
 		fmt.Fprintf(&g, "// attnGemm%sKernels[r-1][c-1] is the r-row, c-vector kernel.\n", s.name)
