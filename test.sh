@@ -68,6 +68,9 @@ echo "== go test ./..."
 go test -count=1 -timeout 20m ./...
 echo "== go test -tags pw_mutants (positive controls that re-introduce bugs through build-tagged hooks)"
 go test -count=1 -tags pw_mutants ./internal/sched/ ./internal/disagg/
+# Each mutant must be caught by the whole-system simulation within 1,000
+# seeds (TestSimulation itself ran above, without the tag).
+go test -count=1 -tags pw_mutants -run 'TestMutantsCaught' ./internal/sim/
 echo "== go test -race -short (concurrent packages)"
 go test -count=1 -race -short -timeout 20m $(go list ./internal/... | grep -E '/(kvcache|sched|gateway|kernels|engine|node|loadgen|probe|cli|transfer|link|disagg|cluster)($|/)')
 echo "== go test -tags purego -short (the whole suite on the reference kernels)"
