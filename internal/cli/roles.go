@@ -440,6 +440,7 @@ func gatewayCmd() *cobra.Command {
 	var maxBody int64
 	var auditRate float64
 	var auditQueue int
+	var auditTolerance float64
 	var apiKey string // --api-key (common.go)
 	var sf servedFlags
 	var tf apiTLSFlags // apitls.go
@@ -522,7 +523,7 @@ tokenizes, and its limits must equal theirs: the handshake refuses a mismatch).`
 			defer cancel()
 			routed := make(chan error, 1)
 			go func() { routed <- rt.Run(ctx) }()
-			srv, err := gateway.New(gateway.Config{Backend: rt, Tenants: tcfg, Logger: logger, MaxBodyBytes: maxBody, AuditRate: auditRate, AuditQueue: auditQueue})
+			srv, err := gateway.New(gateway.Config{Backend: rt, Tenants: tcfg, Logger: logger, MaxBodyBytes: maxBody, AuditRate: auditRate, AuditQueue: auditQueue, AuditTolerance: auditTolerance})
 			if err != nil {
 				return err
 			}
@@ -603,5 +604,6 @@ tokenizes, and its limits must equal theirs: the handshake refuses a mismatch).`
 	c.Flags().Float64Var(&auditRate, "audit-rate", defaultAuditRate,
 		"fraction of successful answers generated again on fresh pages (as the reserved tenant _audit, at the lowest priority) and compared token for token; a difference counts pagewarden_audit_mismatches_total and logs an ERROR (0 turns it off)")
 	c.Flags().IntVar(&auditQueue, "audit-queue", 64, "replays that may wait to run; beyond it they are dropped (counted in pagewarden_audit_replays_total{result=\"dropped\"})")
+	c.Flags().Float64Var(&auditTolerance, "audit-tolerance", 0, "largest |difference| of a token's log-probability between an answer and its re-score that still matches; 0 compares exactly (set it only for nodes computing with other kernels)")
 	return c
 }

@@ -140,6 +140,7 @@ func serveCmd() *cobra.Command {
 	var maxBody int64
 	var auditRate float64
 	var auditQueue int
+	var auditTolerance float64
 	var reapAfter time.Duration
 	var colocated bool
 	var af adminFlags  // admin.go
@@ -251,7 +252,7 @@ that long.`,
 				register = func(r prometheus.Registerer) error { return r.Register(n.Collector()) }
 			}
 			srv, err := gateway.New(gateway.Config{Backend: backend, Registry: policies, Logger: logger, LogPrompts: logPrompts, MaxBodyBytes: maxBody,
-				MetricsOnAPI: metricsOnAPI, AuditRate: auditRate, AuditQueue: auditQueue})
+				MetricsOnAPI: metricsOnAPI, AuditRate: auditRate, AuditQueue: auditQueue, AuditTolerance: auditTolerance})
 			if err != nil {
 				return err
 			}
@@ -336,6 +337,7 @@ that long.`,
 	c.Flags().Float64Var(&auditRate, "audit-rate", defaultAuditRate,
 		"fraction of successful answers generated again on fresh pages (as the reserved tenant _audit, at the lowest priority) and compared token for token; a difference counts pagewarden_audit_mismatches_total and logs an ERROR (0 turns it off)")
 	c.Flags().IntVar(&auditQueue, "audit-queue", 64, "replays that may wait to run; beyond it they are dropped (counted in pagewarden_audit_replays_total{result=\"dropped\"})")
+	c.Flags().Float64Var(&auditTolerance, "audit-tolerance", 0, "largest |difference| of a token's log-probability between an answer and its re-score that still matches; 0 compares exactly (set it only for nodes computing with other kernels)")
 	c.Flags().BoolVar(&colocated, "colocated", false,
 		"run one node (one engine and KV pool, no handoff) instead of a prefill and a decode node: less memory, but long prompts stall running streams")
 	c.Flags().DurationVar(&reapAfter, "quarantine-reap-after", 0, "scrub and free KV pages quarantined after a violation once they have been quarantined this long (0: only on SIGUSR1)")

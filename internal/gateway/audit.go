@@ -15,15 +15,29 @@ import (
 )
 
 // The replay audit (DESIGN.md, layer C): a sampled fraction of the
-// answers that went out with a 200 is generated again, after the fact, on
-// fresh pages, and must come out token for token the same. Sampling is a
-// function of the logits and the request's seed (every request has one:
-// an unseeded request draws a fresh seed and keeps it), and the engine's
-// kernels give the same logits whatever the batch, chunking or prefix
-// cache, so a clean sequence replays exactly. A sequence that attended
-// over anything but its own prompt and output (another tenant's stale
-// page: the incident) gives other logits, and the first token those change
-// shows up here: exactly the contamination that reaches a client does.
+// answers that went out with a 200 is re-scored, after the fact,
+// teacher-forced on fresh pages: the audit submits the request's prompt
+// with the answer's tokens forced (request.Sampling.Forced), so the
+// engine computes, at every generated position, the logits of the
+// answer's own history and the log-probability of the token that was
+// sent, without drawing. The answer recorded, at generation, each
+// token's log-probability and a digest of its top-k alternatives
+// (auditTopK, ids and values), because the gateway asked the engine for
+// them when it picked the answer for audit (before submitting it:
+// unaudited answers compute nothing). Each position of the re-score is
+// compared with the record.
+//
+// The engine's kernels give the same logits whatever the batch,
+// chunking or prefix cache (the decode and prefill paths too:
+// engine.TestLogprobsTeacherForced), so a clean answer re-scores bit for
+// bit, and the comparison is exact by default: equal log-probability
+// bits and equal digests. Config.AuditTolerance relaxes it to |Δlogprob|
+// within the tolerance for clusters whose nodes cannot agree bit for
+// bit (other CPUs, other kernel tiers). A sequence that attended over
+// anything but its own prompt and output (another tenant's stale page:
+// the incident) has other logits at every position after the page, and
+// the first one it changes shows up here, whether or not it changed the
+// token drawn.
 //
 // A replay runs as the reserved tenant AuditTenant (which no configured
 // tenant can be named: tenant ids start with a letter or digit), so it is
@@ -43,11 +57,35 @@ const auditPriority = math.MinInt32
 // defaultAuditQueue bounds the replays waiting to run (Config.AuditQueue).
 const defaultAuditQueue = 64
 
-// auditJob is one answer to replay: the request as it was submitted, and
-// the tokens the client received.
+// auditTopK is how many alternatives per position an audited answer
+// records (digested) and its re-score compares.
+const auditTopK = 5
+
+// auditJob is one answer to re-score: the request as it was submitted,
+// the tokens the client received and, per position, the emitted token's
+// log-probability and the digest of the top auditTopK alternatives.
 type auditJob struct {
-	p      request.Params
-	tokens []int
+	p       request.Params
+	tokens  []int
+	lps     []float32
+	digests []uint64
+	finish  string
+}
+
+// topDigest is FNV-1a over the top k alternatives' ids and value bits.
+func topDigest(lp *request.Logprobs) uint64 {
+	h := uint64(14695981039346656037)
+	mix := func(v uint32) {
+		for range 4 {
+			h = (h ^ uint64(v&0xff)) * 1099511628211
+			v >>= 8
+		}
+	}
+	for _, t := range lp.Top[:min(auditTopK, len(lp.Top))] {
+		mix(uint32(t.ID))
+		mix(math.Float32bits(t.Logprob))
+	}
+	return h
 }
 
 // auditor runs replays one at a time (their cost is a second generation
@@ -56,6 +94,7 @@ type auditJob struct {
 type auditor struct {
 	s    *Server
 	rate float64
+	tol  float64 // Config.AuditTolerance: 0 is exact
 	once sync.Once
 	jobs chan auditJob
 
@@ -63,17 +102,20 @@ type auditor struct {
 	mismatches prometheus.Counter
 	// done, for tests, receives every finished replay's outcome.
 	done func(result string)
+	// scored, for tests and calibration, receives every re-score's
+	// largest |Δlogprob| and whether it was a mismatch.
+	scored func(tenant request.Tenant, maxDelta float64, mismatch bool)
 }
 
-func newAuditor(s *Server, rate float64, queue int) *auditor {
-	a := &auditor{s: s, rate: rate, jobs: make(chan auditJob, cmp.Or(queue, defaultAuditQueue))}
+func newAuditor(s *Server, rate, tol float64, queue int) *auditor {
+	a := &auditor{s: s, rate: rate, tol: tol, jobs: make(chan auditJob, cmp.Or(queue, defaultAuditQueue))}
 	a.replays = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pagewarden_audit_replays_total",
 		Help: "Replay audits by result: match, mismatch, failed (the replay did not complete), dropped (the queue was full).",
 	}, []string{"result"})
 	a.mismatches = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "pagewarden_audit_mismatches_total",
-		Help: "Answers whose replay on fresh pages produced other tokens: an answer built from something other than its own request. Must stay 0.",
+		Help: "Answers whose teacher-forced re-score on fresh pages gave other log-probabilities than the answer recorded: an answer built from something other than its own request. Must stay 0.",
 	})
 	for _, r := range []string{"match", "mismatch", "failed", "dropped"} {
 		a.replays.WithLabelValues(r)
@@ -81,13 +123,33 @@ func newAuditor(s *Server, rate float64, queue int) *auditor {
 	return a
 }
 
-// maybe queues p's answer for a replay with probability rate.
-func (a *auditor) maybe(p request.Params, tokens []int) {
-	if a.rate <= 0 || len(tokens) == 0 || (a.rate < 1 && rand.Float64() >= a.rate) {
+// pick decides, with probability rate, that the answer about to be
+// submitted with sampling s is audited, and has the engine compute what
+// the audit records (s is changed only then).
+func (a *auditor) pick(s *request.Sampling) bool {
+	if a.rate <= 0 || (a.rate < 1 && rand.Float64() >= a.rate) {
+		return false
+	}
+	s.Logprobs = true
+	s.TopLogprobs = max(s.TopLogprobs, auditTopK)
+	return true
+}
+
+// queue queues a picked answer (p as submitted, the tokens and logprobs
+// the client received, its finish reason) for its re-score.
+func (a *auditor) queue(p request.Params, tokens []int, lps []*request.Logprobs, finish string) {
+	if len(tokens) == 0 || len(lps) != len(tokens) {
 		return
 	}
 	a.once.Do(func() { go a.run(a.s.stop) })
-	job := auditJob{p: p, tokens: slices.Clone(tokens)}
+	job := auditJob{p: p, tokens: slices.Clone(tokens), finish: finish,
+		lps: make([]float32, len(lps)), digests: make([]uint64, len(lps))}
+	for i, lp := range lps {
+		if lp == nil {
+			return // the relay checked every token had them
+		}
+		job.lps[i], job.digests[i] = lp.Logprob, topDigest(lp)
+	}
 	job.p.Prompt = slices.Clone(p.Prompt)
 	select {
 	case a.jobs <- job:
@@ -115,7 +177,8 @@ func (a *auditor) run(ctx context.Context) {
 	}
 }
 
-// replay generates j's answer again and compares it with what was sent.
+// replay re-scores j's answer teacher-forced and compares every position
+// with what was recorded.
 func (a *auditor) replay(ctx context.Context, j auditJob) {
 	orig := j.p.Owner
 	p := j.p
@@ -123,12 +186,17 @@ func (a *auditor) replay(ctx context.Context, j auditJob) {
 	p.MaxTokens = len(j.tokens)
 	p.Priority = auditPriority
 	p.CacheSalt = fmt.Sprintf("audit|%x", p.Owner.ID[:])
+	// Forced tokens: no draw, so none of the sampling knobs or the
+	// output constraint matters (logprobs are the raw distribution's).
+	// The stop tokens stay: a forced answer that ended on one ends there.
+	p.Sampling = request.Sampling{Seed: j.p.Sampling.Seed, Logprobs: true, TopLogprobs: auditTopK, Forced: j.tokens}
 	st, err := a.s.backend.Submit(ctx, p)
 	if err != nil {
 		a.failed(orig, err)
 		return
 	}
 	var got []int
+	var gotLP []*request.Logprobs
 	for t := range st.Tokens() {
 		if t.Owner != p.Owner {
 			// The relay's own check (I10) on the replay's stream.
@@ -140,28 +208,54 @@ func (a *auditor) replay(ctx context.Context, j auditJob) {
 			return
 		}
 		got = append(got, t.ID)
+		gotLP = append(gotLP, t.Logprobs)
 	}
 	res := st.Result()
 	if !res.Reason.Success() {
 		a.failed(orig, fmt.Errorf("replay ended %v: %v", res.Reason, res.Err))
 		return
 	}
-	if slices.Equal(got, j.tokens) {
+	if !slices.Equal(got, j.tokens) {
+		// Forced tokens come back as forced, or the backend is broken:
+		// not a verdict on the answer.
+		a.failed(orig, fmt.Errorf("a teacher-forced re-score emitted %d tokens other than the %d forced", len(got), len(j.tokens)))
+		return
+	}
+	var bad []int
+	worst := 0.0
+	for i, lp := range gotLP {
+		if lp == nil {
+			a.failed(orig, fmt.Errorf("re-score token %d without logprobs", i))
+			return
+		}
+		d := math.Abs(float64(lp.Logprob) - float64(j.lps[i]))
+		if math.IsNaN(d) {
+			d = math.Inf(1)
+		}
+		worst = max(worst, d)
+		if d > a.tol || (a.tol == 0 && (math.Float32bits(lp.Logprob) != math.Float32bits(j.lps[i]) || topDigest(lp) != j.digests[i])) {
+			bad = append(bad, i)
+		}
+	}
+	if a.scored != nil {
+		a.scored(orig.Tenant, worst, len(bad) > 0)
+	}
+	if len(bad) == 0 {
 		a.count("match")
 		return
 	}
-	at := 0
-	for at < min(len(got), len(j.tokens)) && got[at] == j.tokens[at] {
-		at++
-	}
 	a.mismatches.Inc()
 	a.count("mismatch")
-	// Never the text: positions and counts say where to look; the
+	// Never the text: positions and values say where to look; the
 	// request id and tenant say whose answer it was.
-	a.s.log.Error("replay audit mismatch: an answer differs from its replay on fresh pages",
-		"tenant", string(orig.Tenant), "request_id", orig.ID.String(), "first_difference_at", at,
-		"sent_tokens", len(j.tokens), "replayed_tokens", len(got), "prompt_tokens", len(p.Prompt))
+	a.s.log.Error("replay audit mismatch: an answer's log-probabilities differ from its teacher-forced re-score on fresh pages",
+		"tenant", string(orig.Tenant), "request_id", orig.ID.String(), "first_difference_at", bad[0],
+		"positions", truncatedInts(bad, 32), "mismatched_positions", len(bad), "max_abs_delta_logprob", worst,
+		"tolerance", a.tol, "sent_tokens", len(j.tokens), "prompt_tokens", len(p.Prompt), "finish", j.finish)
 }
+
+// truncatedInts is v, at most n of it, for a log line.
+func truncatedInts(v []int, n int) []int { return v[:min(len(v), n)] }
 
 func (a *auditor) failed(orig request.Owner, err error) {
 	a.count("failed")

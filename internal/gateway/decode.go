@@ -159,6 +159,13 @@ type genParams struct {
 	toolAuto   []string
 	toolSyntax string
 	oneCall    bool // parallel_tool_calls: false
+	// logprobs: the response shows log-probabilities, each token's and
+	// its topLogprobs most likely alternatives' (logprobs.go).
+	logprobs    bool
+	topLogprobs int
+	// keep, for completions' best_of > n, is the n choices returned of
+	// each prompt's n = best_of candidates (fanout.go); 0 otherwise.
+	keep int
 }
 
 // message is a validated chat message.
@@ -482,6 +489,9 @@ func parseChat(body []byte) (genParams, []message, bool, *apiError) {
 	if e := parseTools(req.Tools, req.ToolChoice, req.ParallelToolCalls, &g); e != nil {
 		return g, nil, false, e
 	}
+	if e := parseChatLogprobs(req.Logprobs, req.TopLogprobs, &g); e != nil {
+		return g, nil, false, e
+	}
 	if len(req.Messages) == 0 {
 		return g, nil, false, badRequest("messages", "'messages' must be a non-empty array.")
 	}
@@ -620,7 +630,16 @@ func parseCompletion(body []byte) (genParams, []promptInput, *apiError) {
 			return g, nil, e
 		}
 	}
+	if e := parseCompletionLogprobs(req.Logprobs, &g); e != nil {
+		return g, nil, e
+	}
+	if e := parseBestOf(req.BestOf, &g); e != nil {
+		return g, nil, e
+	}
 	ps, e := parsePrompt(req.Prompt)
+	if e == nil && g.keep > 0 && len(ps)*g.n > maxN {
+		e = badRequest("best_of", "%d prompts × 'best_of' = %d make %d candidates; at most %d are allowed per request.", len(ps), g.n, len(ps)*g.n, maxN)
+	}
 	if e == nil && len(ps)*g.n > maxN {
 		// Every choice of every prompt is a sequence: the same bound.
 		e = badRequest("prompt", "%d prompts × 'n' = %d make %d choices; at most %d are allowed per request.", len(ps), g.n, len(ps)*g.n, maxN)

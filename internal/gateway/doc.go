@@ -41,7 +41,9 @@
 //	                           cache_salt, guided_json (a JSON Schema, as
 //	                           an object or a string), n (1 to 128
 //	                           choices, fanout.go)
-//	honoured, chat             messages (roles system, developer, user,
+//	honoured, chat             logprobs, top_logprobs (0 to 20, with
+//	                           logprobs: true; logprobs.go),
+//	                           messages (roles system, developer, user,
 //	                           assistant with tool_calls, tool),
 //	                           add_generation_prompt, response_format
 //	                           (text, json_object, json_schema with
@@ -52,18 +54,24 @@
 //	                           "auto" keeps the first call)
 //	honoured, completions      prompt (text or token ids; a list of either
 //	                           is a batch), echo, suffix (fill-in-the-middle
-//	                           with the model's FIM tokens, fim.go)
+//	                           with the model's FIM tokens, fim.go),
+//	                           logprobs (0 to 20 alternatives: vLLM's
+//	                           bound, OpenAI's is 5; logprobs.go), best_of
+//	                           (n to 128 candidates, the n most likely
+//	                           returned; not streamed; fanout.go)
 //	accepted (no effect)       user; chat: metadata (≤ 16 pairs),
 //	                           prompt_cache_key, prompt_cache_retention,
 //	                           safety_identifier
-//	refused unless default     top_logprobs; chat: logprobs (false),
-//	                           functions ([]),
+//	refused unless default     chat: functions ([]),
 //	                           function_call ("none"), modalities (["text"]),
 //	                           audio, prediction, reasoning_effort,
 //	                           verbosity, web_search_options, service_tier
 //	                           ("auto", "default"), store (false: stored
 //	                           completions cannot be read back here);
-//	                           completions: logprobs, best_of (1);
+//	                           completions: top_logprobs (its
+//	                           alternatives are counted in logprobs),
+//	                           logprobs with echo (the prompt's
+//	                           log-probabilities are not computed);
 //	                           suffix with a model that has no
 //	                           fill-in-the-middle tokens (fim.go), or with
 //	                           a prompt of token ids
@@ -141,7 +149,19 @@
 // The answer is whole or an error: a failed choice aborts its siblings
 // and fails the response (an SSE error event once streaming began); a
 // client that hangs up aborts every choice. Each choice is audited like a
-// single answer. echo puts the prompt's text before each choice's (the
+// single answer. best_of (completions) is the same fan-out of best_of
+// candidates per prompt (seed + i), the engine computing every token's
+// log-probability, and the n of highest cumulative log-probability
+// (vLLM's cumulative_logprob: every generated token, end-of-generation
+// included; ties to the earlier candidate) returned in that order as
+// choices k*n + i; usage counts every candidate's tokens, as all were
+// generated.
+//
+// Log-probabilities (logprobs.go) are the raw model distribution's (a
+// log-softmax over the vocabulary of the logits before logit bias,
+// penalties, temperature, filters and output constraint, as OpenAI and
+// vLLM report them), computed by the engine only for requests that ask
+// and carried with each token to the gateway. echo puts the prompt's text before each choice's (the
 // first delta of a streamed choice).
 //
 // Chat prompts are rendered with the model's GGUF chat template through

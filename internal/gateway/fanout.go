@@ -1,9 +1,11 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 
@@ -167,7 +169,7 @@ func (c *call) generateN(prompts [][]int, promptParam string, g genParams, newRe
 		prompt, i := prompts[j/g.n], j%g.n
 		k := &call{}
 		*k = *c
-		k.ctx, k.fan, k.index, k.sent, k.promptTokens = ctx, fan, j, nil, len(prompt)
+		k.ctx, k.fan, k.index, k.sent, k.sentLP, k.promptTokens = ctx, fan, j, nil, nil, len(prompt)
 		id := c.id
 		if j > 0 {
 			id = request.NewID()
@@ -180,6 +182,8 @@ func (c *call) generateN(prompts [][]int, promptParam string, g genParams, newRe
 			CacheSalt: c.tenant.CacheNamespace + "|" + g.cacheSalt, Priority: c.tenant.Limits.Priority,
 		}
 		params[j].Sampling.Seed = g.sampling.Seed + uint64(i) // wraps, as documented
+		k.audited = s.audit.pick(&params[j].Sampling)
+		k.sampling = params[j].Sampling
 		kids[j], resps[j] = k, newResp(j)
 	}
 	var wg sync.WaitGroup
@@ -280,6 +284,9 @@ func (c *call) generateN(prompts [][]int, promptParam string, g genParams, newRe
 	for i, k := range kids {
 		choices[i] = k.choiceOut
 	}
+	if g.keep > 0 {
+		choices = bestOf(choices, g.n, g.keep)
+	}
 	u := usageJSON{PromptTokens: c.promptTokens, CompletionTokens: sum, TotalTokens: c.promptTokens + sum,
 		PromptTokensDetails: &promptDetails{CachedTokens: c.cachedTokens}}
 	if err := resps[0].end(c, &g, choices, u); err != nil {
@@ -287,7 +294,30 @@ func (c *call) generateN(prompts [][]int, promptParam string, g genParams, newRe
 		return nil
 	}
 	for i, k := range kids {
-		s.audit.maybe(params[i], k.sent)
+		if k.audited {
+			s.audit.queue(params[i], k.sent, k.sentLP, k.finish)
+		}
 	}
 	return nil
+}
+
+// bestOf keeps, of each prompt's per candidates (completion choices, in
+// order), the keep of highest cumulative log-probability (ties: the
+// earlier candidate), in that order, numbered choice k*keep + i as n
+// choices would be: vLLM's best_of.
+func bestOf(cands []any, per, keep int) []any {
+	out := make([]any, 0, len(cands)/per*keep)
+	for lo := 0; lo < len(cands); lo += per {
+		group := make([]completionChoice, per)
+		for i := range group {
+			group[i] = cands[lo+i].(completionChoice)
+		}
+		slices.SortStableFunc(group, func(a, b completionChoice) int { return cmp.Compare(b.cumLogprob, a.cumLogprob) })
+		for i := range keep {
+			ch := group[i]
+			ch.Index = lo/per*keep + i
+			out = append(out, ch)
+		}
+	}
+	return out
 }

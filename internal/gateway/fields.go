@@ -87,7 +87,6 @@ var sharedFields = concat(
 		"n"),
 	accept("user"),
 	[]knownField{
-		refuse("top_logprobs", "'top_logprobs'"),
 		// vLLM's extensions this server does not implement.
 		refuse("guided_regex", "Guided decoding ('guided_regex')"),
 		refuse("guided_choice", "Guided decoding ('guided_choice')"),
@@ -114,7 +113,9 @@ var chatFields = concat(sharedFields,
 	honour("messages", "add_generation_prompt", "response_format",
 		// tools.go; parallel_tool_calls: false keeps the first of several
 		// calls an "auto" answer makes (a constrained call is one call).
-		"tools", "tool_choice", "parallel_tool_calls"),
+		"tools", "tool_choice", "parallel_tool_calls",
+		// logprobs.go: the raw distribution's log-probabilities.
+		"logprobs", "top_logprobs"),
 	// Not sampling knobs. metadata and store go with OpenAI's stored
 	// completions, which this server does not keep (store: true is
 	// refused, since a client would then expect to read them back);
@@ -123,7 +124,6 @@ var chatFields = concat(sharedFields,
 	accept("metadata", "prompt_cache_key", "prompt_cache_retention", "safety_identifier"),
 	[]knownField{
 		refuse("store", "Storing completions ('store': true)", "false"),
-		refuse("logprobs", "'logprobs'", "false"),
 		refuse("functions", "Function calling", "[]"),
 		refuse("function_call", "Function calling ('function_call' other than \"none\")", `"none"`),
 		refuse("modalities", "Output modalities other than text", `["text"]`),
@@ -149,10 +149,13 @@ var completionFields = concat(sharedFields,
 	// (both by the fan-out, fanout.go).
 	// suffix: fill-in-the-middle, with a model that has the tokens for
 	// it (fim.go; refused with one that has not).
-	honour("prompt", "echo", "suffix"),
+	// logprobs: an integer, the legacy shape (logprobs.go); best_of:
+	// candidates by fan-out, the n most likely returned (fanout.go).
+	honour("prompt", "echo", "suffix", "logprobs", "best_of"),
 	[]knownField{
-		refuse("logprobs", "'logprobs'"),
-		refuse("best_of", "'best_of' other than 1", "1"),
+		// The chat endpoint's knob: completions count alternatives in
+		// 'logprobs' itself.
+		refuse("top_logprobs", "'top_logprobs' on completions (send the number of alternatives as 'logprobs')"),
 	},
 )
 

@@ -91,7 +91,7 @@ func (s *Server) completions(c *call) *apiError {
 	return c.generate(prompts, "prompt", g, func(i int) responder {
 		r := &completionResponder{index: i}
 		if g.echo {
-			r.echo = texts[i/g.n] // choice i answers prompt i/n
+			r.echo = texts[i/g.n] // choice i answers prompt i/n (candidate i, with best_of)
 		}
 		return r
 	})
@@ -239,6 +239,9 @@ type responder interface {
 	// end ends the response once every choice has: the body with
 	// choices (non-streaming), or the usage chunk and [DONE].
 	end(c *call, g *genParams, choices []any, u usageJSON) error
+	// logprob adds a shown token's log-probabilities (g.logprobs), before
+	// the delta that carries its text.
+	logprob(c *call, g *genParams, id int, lp *request.Logprobs)
 }
 
 // generate admits, submits and relays one request. Errors before the
@@ -283,6 +286,10 @@ func (c *call) generate(prompts [][]int, promptParam string, g genParams, newRes
 		// client's salt only ever subdivides the tenant's own cache.
 		CacheSalt: c.tenant.CacheNamespace + "|" + g.cacheSalt, Priority: c.tenant.Limits.Priority,
 	}
+	// An answer picked for the replay audit records each token's
+	// logprobs as it goes out, so the engine computes them for it.
+	c.audited = s.audit.pick(&p.Sampling)
+	c.sampling = p.Sampling
 	// The effective seed, as the signed integer the API's seed takes, so
 	// that a client can replay an unseeded answer.
 	c.w.Header().Set("X-Seed", strconv.FormatInt(int64(g.sampling.Seed), 10))
@@ -307,8 +314,8 @@ func (c *call) generate(prompts [][]int, promptParam string, g genParams, newRes
 		s.m.completionTokens.WithLabelValues(c.tenant.ID).Add(float64(count))
 	}
 	c.completionTokens = count
-	if e == nil && c.status != statusClientClosed && (c.finish == "stop" || c.finish == "length") {
-		s.audit.maybe(p, c.sent)
+	if e == nil && c.audited && c.status != statusClientClosed && (c.finish == "stop" || c.finish == "length") {
+		s.audit.queue(p, c.sent, c.sentLP, c.finish)
 	}
 	return e
 }
@@ -413,6 +420,11 @@ loop:
 				abortWait()
 				return count, internalError(fmt.Errorf("%w: token index %d, expected %d", ErrBadStream, tok.Index, count))
 			}
+			if err := checkTokenLogprobs(tok, c.sampling); err != nil {
+				s.m.badStream.Inc()
+				abortWait()
+				return count, internalError(err)
+			}
 			now := s.now()
 			if count == 0 {
 				c.ttft = now.Sub(c.start)
@@ -429,14 +441,23 @@ loop:
 			}
 			last = now
 			count++
-			if s.audit.rate > 0 {
+			if c.audited {
 				c.sent = append(c.sent, tok.ID)
+				c.sentLP = append(c.sentLP, tok.Logprobs)
+			}
+			if tok.Logprobs != nil {
+				// best_of ranks candidates by it (vLLM's
+				// cumulative_logprob: every generated token).
+				c.cumLogprob += float64(tok.Logprobs.Logprob)
 			}
 			// The text of an end-of-generation token is never shown
 			// (with ignore_eos neither), nor that of a stop token id,
 			// as vLLM leaves it out.
 			if s.backend.IsEOG(tok.ID) || slices.Contains(g.stopTokens, tok.ID) {
 				continue
+			}
+			if g.logprobs {
+				resp.logprob(c, g, tok.ID, tok.Logprobs)
 			}
 			out, stop := text.push(s.backend.TokenPiece(tok.ID))
 			if out != "" {
@@ -616,6 +637,13 @@ type chatResponder struct {
 	// stops where a call may begin).
 	contentSent int
 	inCall      bool
+	// lp holds logprobs entries: streamed, those not yet sent (the next
+	// chunk carries them); otherwise all of them.
+	lp []chatLogprob
+}
+
+func (r *chatResponder) logprob(c *call, g *genParams, id int, lp *request.Logprobs) {
+	r.lp = append(r.lp, c.chatEntry(id, lp, g.topLogprobs))
 }
 
 type chatChunk struct {
@@ -628,10 +656,10 @@ type chatChunk struct {
 }
 
 type chatChunkChoice struct {
-	Index        int       `json:"index"`
-	Delta        chatDelta `json:"delta"`
-	Logprobs     *struct{} `json:"logprobs"`
-	FinishReason *string   `json:"finish_reason"`
+	Index        int           `json:"index"`
+	Delta        chatDelta     `json:"delta"`
+	Logprobs     *chatLogprobs `json:"logprobs"`
+	FinishReason *string       `json:"finish_reason"`
 }
 
 type chatDelta struct {
@@ -654,7 +682,18 @@ type toolFunctionDelta struct {
 	Arguments string `json:"arguments"`
 }
 
+// chunk is a stream chunk of this choice; it carries the logprobs
+// entries not sent yet.
 func (r *chatResponder) chunk(c *call, d chatDelta, finish *string) chatChunk {
+	ch := r.bare(c, d, finish)
+	if len(r.lp) > 0 {
+		ch.Choices[0].Logprobs = &chatLogprobs{Content: r.lp}
+		r.lp = nil
+	}
+	return ch
+}
+
+func (r *chatResponder) bare(c *call, d chatDelta, finish *string) chatChunk {
 	return chatChunk{ID: "chatcmpl-" + c.id.String(), Object: "chat.completion.chunk", Created: c.start.Unix(),
 		Model:   c.s.backend.ModelID(),
 		Choices: []chatChunkChoice{{Index: r.index, Delta: d, FinishReason: finish}}}
@@ -663,7 +702,8 @@ func (r *chatResponder) chunk(c *call, d chatDelta, finish *string) chatChunk {
 func (r *chatResponder) begin(c *call) error {
 	c.startSSE()
 	empty := ""
-	return c.writeEvent(r.chunk(c, chatDelta{Role: "assistant", Content: &empty}, nil))
+	// The role chunk carries no token: its logprobs wait for the text.
+	return c.writeEvent(r.bare(c, chatDelta{Role: "assistant", Content: &empty}, nil))
 }
 
 func (r *chatResponder) delta(c *call, g *genParams, text string) error {
@@ -838,9 +878,16 @@ func (r *chatResponder) choice(c *call, g *genParams, reason string) (any, error
 		case g.toolAuto != nil:
 			msg, reason = autoMessage(g, string(r.text), reason)
 		}
+		var lp *chatLogprobs
+		if g.logprobs {
+			lp = &chatLogprobs{Content: r.lp}
+			if lp.Content == nil {
+				lp.Content = []chatLogprob{}
+			}
+		}
 		return map[string]any{
 			"index": r.index, "message": msg,
-			"logprobs": nil, "finish_reason": reason,
+			"logprobs": lp, "finish_reason": reason,
 		}, nil
 	}
 	if !c.started {
@@ -881,7 +928,7 @@ func (r *chatResponder) end(c *call, g *genParams, choices []any, u usageJSON) e
 		})
 	}
 	if g.includeUsage {
-		ch := r.chunk(c, chatDelta{}, nil)
+		ch := r.bare(c, chatDelta{}, nil)
 		ch.Choices = []chatChunkChoice{}
 		ch.Usage = &u
 		if err := c.writeEvent(ch); err != nil {
@@ -900,6 +947,18 @@ type completionResponder struct {
 	// true); echoed says it went out (streaming: as the first delta).
 	echo   string
 	echoed bool
+	// lp holds logprobs entries: streamed, those not yet sent (the next
+	// chunk carries them); otherwise all of them. off is the text offset
+	// (characters) after the last entry.
+	lp  *completionLogprobs
+	off int
+}
+
+func (r *completionResponder) logprob(c *call, g *genParams, id int, lp *request.Logprobs) {
+	if r.lp == nil {
+		r.lp = &completionLogprobs{}
+	}
+	r.off = r.lp.add(c, id, lp, g.topLogprobs, r.off)
 }
 
 // sendEcho starts a streamed choice with its echoed prompt, once.
@@ -921,15 +980,24 @@ type completionChunk struct {
 }
 
 type completionChoice struct {
-	Index        int       `json:"index"`
-	Text         string    `json:"text"`
-	Logprobs     *struct{} `json:"logprobs"`
-	FinishReason *string   `json:"finish_reason"`
+	Index        int                 `json:"index"`
+	Text         string              `json:"text"`
+	Logprobs     *completionLogprobs `json:"logprobs"`
+	FinishReason *string             `json:"finish_reason"`
+	// cumLogprob ranks best_of's candidates (never sent).
+	cumLogprob float64
 }
 
+// chunk is a stream chunk of this choice; it carries the logprobs
+// entries not sent yet (not the echoed prompt's chunk: echo and logprobs
+// do not go together).
 func (r *completionResponder) chunk(c *call, text string, finish *string) completionChunk {
-	return completionChunk{ID: "cmpl-" + c.id.String(), Object: "text_completion", Created: c.start.Unix(),
+	ch := completionChunk{ID: "cmpl-" + c.id.String(), Object: "text_completion", Created: c.start.Unix(),
 		Model: c.s.backend.ModelID(), Choices: []completionChoice{{Index: r.index, Text: text, FinishReason: finish}}}
+	if !r.lp.empty() {
+		ch.Choices[0].Logprobs, r.lp = r.lp, nil
+	}
+	return ch
 }
 
 func (r *completionResponder) delta(c *call, g *genParams, text string) error {
@@ -957,7 +1025,14 @@ func (r *completionResponder) finish(c *call, g *genParams, reason string, u usa
 func (r *completionResponder) choice(c *call, g *genParams, reason string) (any, error) {
 	c.outputText = string(r.text)
 	if !g.stream {
-		return completionChoice{Index: r.index, Text: r.echo + string(r.text), FinishReason: &reason}, nil
+		ch := completionChoice{Index: r.index, Text: r.echo + string(r.text), FinishReason: &reason, cumLogprob: c.cumLogprob}
+		if g.logprobs {
+			ch.Logprobs = r.lp
+			if ch.Logprobs == nil {
+				ch.Logprobs = &completionLogprobs{Tokens: []string{}, TokenLogprobs: []float32{}, TopLogprobs: []map[string]float32{}, TextOffset: []int{}}
+			}
+		}
+		return ch, nil
 	}
 	if !c.started {
 		c.startSSE()

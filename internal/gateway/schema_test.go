@@ -145,6 +145,53 @@ func promptText(t *testing.T, p request.Params) string {
 	return s
 }
 
+type completionLP struct {
+	Tokens        []string             `json:"tokens"`
+	TokenLogprobs []float32            `json:"token_logprobs"`
+	TopLogprobs   []map[string]float32 `json:"top_logprobs"`
+	TextOffset    []int                `json:"text_offset"`
+}
+
+// chatLogprobCount checks a chat answer's logprobs: n entries of k
+// alternatives, each entry's token the bytes it names.
+func chatLogprobCount(n, k int) func(*testing.T, request.Params, request.Params, response) {
+	return func(t *testing.T, _, _ request.Params, r response) {
+		t.Helper()
+		var body struct {
+			Choices []struct {
+				Logprobs struct {
+					Content []struct {
+						Token       string  `json:"token"`
+						Logprob     float32 `json:"logprob"`
+						Bytes       []byte  `json:"-"`
+						RawBytes    []int   `json:"bytes"`
+						TopLogprobs []struct {
+							Token   string  `json:"token"`
+							Logprob float32 `json:"logprob"`
+						} `json:"top_logprobs"`
+					} `json:"content"`
+				} `json:"logprobs"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal(r.body, &body); err != nil || len(body.Choices) != 1 {
+			t.Fatalf("%s: %v", r.body, err)
+		}
+		var text []byte
+		content := body.Choices[0].Logprobs.Content
+		for _, e := range content {
+			if len(e.TopLogprobs) != k || e.Logprob > 0 {
+				t.Errorf("entry %+v: want %d alternatives", e, k)
+			}
+			for _, c := range e.RawBytes {
+				text = append(text, byte(c))
+			}
+		}
+		if len(content) != n || string(text) != gatewaytest.DefaultReply {
+			t.Errorf("%d entries of text %q, want %d of %q", len(content), text, n, gatewaytest.DefaultReply)
+		}
+	}
+}
+
 func refusedField(name string, value any, defaults ...any) fieldCase {
 	return fieldCase{field: name, use: "refused", value: value, defaults: defaults}
 }
@@ -211,7 +258,6 @@ var sharedCases = []fieldCase{
 				t.Errorf("want choices 0 and 1: %s (%v)", r.body, err)
 			}
 		})},
-	refusedField("top_logprobs", 2),
 	{field: "guided_json", use: "honoured", value: map[string]any{"type": "object", "properties": map[string]any{"a": map[string]any{"type": "integer"}}},
 		check: constrains(grammar.JSONSchema, `{"properties":{"a":{"type":"integer"}},"type":"object"}`)},
 	refusedField("guided_regex", "a+"),
@@ -249,7 +295,11 @@ var chatCases = []fieldCase{
 	acceptedField("prompt_cache_retention", "24h"),
 	acceptedField("safety_identifier", "hashed-user"),
 	refusedField("store", true, false),
-	refusedField("logprobs", true, false),
+	// Every shown token's entry: the reply's 22 bytes (EOS is not shown).
+	{field: "logprobs", use: "honoured", value: true,
+		check: both(movesSampling(func(s *request.Sampling) { s.Logprobs = true }), chatLogprobCount(22, 0))},
+	{field: "top_logprobs", use: "honoured", value: 2, extra: map[string]any{"logprobs": true},
+		check: both(movesSampling(func(s *request.Sampling) { s.Logprobs, s.TopLogprobs = true, 2 }), chatLogprobCount(22, 2))},
 	{field: "tools", use: "honoured", value: []any{map[string]any{"type": "function", "function": map[string]any{"name": "f"}}},
 		extra: map[string]any{"tool_choice": "required"}, check: constrains(grammar.ToolCall, `[{"name":"f"}]`)},
 	{field: "tool_choice", use: "honoured", value: map[string]any{"type": "function", "function": map[string]any{"name": "g"}},
@@ -290,11 +340,35 @@ var completionCases = []fieldCase{
 			t.Errorf("prompt %v, want %v", p.Prompt, want)
 		}
 	}},
-	refusedField("logprobs", 0),
+	{field: "logprobs", use: "honoured", value: 3, check: both(movesSampling(func(s *request.Sampling) { s.Logprobs, s.TopLogprobs = true, 3 }),
+		func(t *testing.T, _, _ request.Params, r response) {
+			var body struct {
+				Choices []struct {
+					Logprobs completionLP `json:"logprobs"`
+				} `json:"choices"`
+			}
+			if err := json.Unmarshal(r.body, &body); err != nil || len(body.Choices) != 1 {
+				t.Fatalf("%s: %v", r.body, err)
+			}
+			lp := body.Choices[0].Logprobs
+			if strings.Join(lp.Tokens, "") != gatewaytest.DefaultReply || len(lp.TokenLogprobs) != 22 || len(lp.TopLogprobs) != 22 || len(lp.TextOffset) != 22 {
+				t.Errorf("logprobs %+v", lp)
+			}
+			for i, top := range lp.TopLogprobs {
+				// The fake's alternatives are distinct bytes: 3 and the
+				// sampled one (its own first alternative).
+				if len(top) != 3 || top[lp.Tokens[i]] != lp.TokenLogprobs[i] || lp.TextOffset[i] != i {
+					t.Errorf("entry %d: top %v, logprob %v, offset %d", i, top, lp.TokenLogprobs[i], lp.TextOffset[i])
+				}
+			}
+		})},
+	refusedField("top_logprobs", 2),
 	// The prompt's text before the answer's, and nothing else changed.
 	{field: "echo", use: "honoured", value: true,
 		check: both(moves(func(*request.Params) {}), replies("Hi"+gatewaytest.DefaultReply, "stop"))},
-	refusedField("best_of", 2, 1),
+	// Two candidates (seed, seed + 1), one choice: the more likely.
+	{field: "best_of", use: "honoured", value: 2, submits: 2, check: both(movesSampling(func(s *request.Sampling) { s.Seed++; s.Logprobs = true }),
+		replies(gatewaytest.DefaultReply, "stop"))},
 	// The prompt wrapped in the fill-in-the-middle markers, the suffix
 	// after it.
 	{field: "suffix", use: "honoured", value: "end", check: func(t *testing.T, _, p request.Params, _ response) {

@@ -64,6 +64,13 @@ type Config struct {
 	// AuditQueue bounds the replays waiting to run (default 64); beyond
 	// it they are dropped and counted.
 	AuditQueue int
+	// AuditTolerance is the largest |Δlogprob| between an answer's
+	// recorded log-probabilities and its re-score that still matches.
+	// 0, the default, compares exactly (equal bits, equal top-k digests):
+	// the engine is batch-invariant, so a clean answer re-scored on the
+	// same kind of node is bit-identical. Set it for a cluster whose
+	// nodes compute with other kernels (audit.go).
+	AuditTolerance float64
 }
 
 // Server is the OpenAI-compatible HTTP gateway. It is an http.Handler; Serve
@@ -140,6 +147,9 @@ func New(cfg Config) (*Server, error) {
 	if !(cfg.AuditRate >= 0 && cfg.AuditRate <= 1) {
 		return nil, fmt.Errorf("gateway: audit rate %g: want a fraction between 0 and 1", cfg.AuditRate)
 	}
+	if !(cfg.AuditTolerance >= 0 && cfg.AuditTolerance <= 10) {
+		return nil, fmt.Errorf("gateway: audit tolerance %g: want a log-probability difference between 0 and 10", cfg.AuditTolerance)
+	}
 	if cfg.AuditQueue < 0 || cfg.AuditQueue > 1<<20 {
 		return nil, fmt.Errorf("gateway: audit queue %d: want 0 (the default, %d) to %d replays", cfg.AuditQueue, defaultAuditQueue, 1<<20)
 	}
@@ -156,7 +166,7 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	s.routes()
-	s.audit = newAuditor(s, cfg.AuditRate, cfg.AuditQueue)
+	s.audit = newAuditor(s, cfg.AuditRate, cfg.AuditTolerance, cfg.AuditQueue)
 	s.m.reg.MustRegister(s.audit.replays, s.audit.mismatches)
 	return s, nil
 }
@@ -376,7 +386,16 @@ type call struct {
 	finish                                       string
 	err                                          error // internal cause, logged
 	promptText, outputText                       string
-	sent                                         []int // token ids sent, for the replay audit
+	// The replay audit: whether this answer is audited, and the token ids
+	// and logprobs it sent.
+	audited bool
+	sent    []int
+	sentLP  []*request.Logprobs
+	// sampling is what was submitted (the audit may have asked for
+	// logprobs the client did not); cumLogprob sums the logprobs of the
+	// tokens received (best_of ranks by it).
+	sampling   request.Sampling
+	cumLogprob float64
 
 	// One choice of an n > 1 answer (generateN): the shared writer
 	// state, the choice's index, a hook for its first token, and the

@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -51,7 +52,26 @@ const (
 	FaultSuccessWithErr       // FinishStop with a non-nil Err
 	FaultTokenIndex           // token number At carries index At+1 (a gap: a lost or reordered token)
 	FaultRepeatIndex          // token number At carries index At-1 (a duplicate)
+	FaultLogprobNaN           // token number At's logprob is NaN
+	FaultExtraLogprobs        // token number At carries one more alternative than asked
+	FaultShiftLogprobs        // every logprob is 0.5 lower: an answer whose re-score differs
 )
+
+// Logprob is the fake's log-probability of generated token number i with
+// id id: a function of both, so that a teacher-forced re-score of the
+// same tokens gives the same values. Its alternatives are the ids after
+// id, each 1 lower than the one before.
+func Logprob(i, id int) *request.Logprobs {
+	return &request.Logprobs{Logprob: -0.125 - 0.25*float32((i+id)%4)}
+}
+
+func logprobs(i, id, top int) *request.Logprobs {
+	lp := Logprob(i, id)
+	for k := range top {
+		lp.Top = append(lp.Top, request.TokenLogprob{ID: (id + k) % VocabSize, Logprob: lp.Logprob - float32(k)})
+	}
+	return lp
+}
 
 // Behavior scripts one request.
 type Behavior struct {
@@ -304,6 +324,16 @@ func (s *stream) run(ctx context.Context) {
 	default:
 		ids = ids[:s.p.MaxTokens]
 	}
+	if f := s.p.Sampling.Forced; f != nil {
+		// Teacher forcing (the replay audit's re-score): the forced
+		// tokens, ending as the scheduler ends them.
+		ids, reason = f[:min(len(f), s.p.MaxTokens)], request.FinishLength
+		if stop := slices.IndexFunc(ids, func(id int) bool {
+			return slices.Contains(s.p.StopTokens, id) || (id == EOS && !s.p.IgnoreEOS)
+		}); stop >= 0 {
+			ids, reason = ids[:stop+1], request.FinishStop
+		}
+	}
 	for i, id := range ids {
 		if i == s.b.At {
 			switch s.b.Fault {
@@ -332,8 +362,18 @@ func (s *stream) run(ctx context.Context) {
 			t.Stop()
 		}
 		tok := request.Token{Owner: owner, Index: i, ID: id}
+		if s.p.Sampling.Logprobs {
+			tok.Logprobs = logprobs(i, id, s.p.Sampling.TopLogprobs)
+			if s.b.Fault == FaultShiftLogprobs {
+				tok.Logprobs.Logprob -= 0.5
+			}
+		}
 		if i == s.b.At {
 			switch s.b.Fault {
+			case FaultLogprobNaN:
+				tok.Logprobs = &request.Logprobs{Logprob: float32(math.NaN())}
+			case FaultExtraLogprobs:
+				tok.Logprobs = logprobs(i, id, s.p.Sampling.TopLogprobs+1)
 			case FaultWrongOwner:
 				tok.Owner = request.Owner{Tenant: "intruder", ID: request.NewID()}
 			case FaultTokenIndex:
