@@ -3,6 +3,7 @@ package model_test
 import (
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/pagewarden/pagewarden/internal/kernels"
@@ -39,22 +40,31 @@ func refForward(m *model.Model, toks []int, f16 bool) [][]float32 {
 	c := &m.Config
 	n, dim, hd := len(toks), c.Dim, c.HeadDim
 	qdim, kvdim := c.QDim(), c.KVDim()
-	rowOf := func(mx *kernels.Matrix, r int) []float64 {
-		buf := make([]float32, mx.Cols())
-		mx.Row(r, buf)
-		out := make([]float64, len(buf))
-		for i, x := range buf {
-			out[i] = float64(x)
+	// rowsOf dequantises a matrix once per call.
+	dq := map[*kernels.Matrix][][]float64{}
+	rowsOf := func(mx *kernels.Matrix) [][]float64 {
+		if rows, ok := dq[mx]; ok {
+			return rows
 		}
-		return out
+		buf := make([]float32, mx.Cols())
+		rows := make([][]float64, mx.Rows())
+		for r := range rows {
+			mx.Row(r, buf)
+			rows[r] = make([]float64, len(buf))
+			for i, x := range buf {
+				rows[r][i] = float64(x)
+			}
+		}
+		dq[mx] = rows
+		return rows
 	}
+	rowOf := func(mx *kernels.Matrix, r int) []float64 { return slices.Clone(rowsOf(mx)[r]) }
 	// matvec applies matrices whose rows are stacked (a fused projection)
 	// to x.
 	matvec := func(ms []*kernels.Matrix, x []float64) []float64 {
 		var out []float64
 		for _, mx := range ms {
-			for r := range mx.Rows() {
-				w := rowOf(mx, r)
+			for _, w := range rowsOf(mx) {
 				s := 0.0
 				for i := range w {
 					s += w[i] * x[i]
