@@ -69,6 +69,8 @@ func main() {
 		kAVX2("Q4K", ka[0], ka[1])
 		kAVX2("Q6K", ka[0], ka[1])
 	}
+	kAVX2x16("Q4K")
+	kAVX2x16("Q6K")
 	for a := 1; a <= f32MaxA; a++ {
 		f32Kernel(a)
 	}
@@ -112,6 +114,9 @@ func main() {
 		for _, k := range []string{"Q4K", "Q6K"} {
 			fmt.Fprintf(&g, "//go:noescape\nfunc gemm%sAVX2w%da%d(w *byte, xq *int8, xd *float32, xp *int32, nb, half int, out *float32)\n\n", k, ka[0], ka[1])
 		}
+	}
+	for _, k := range []string{"Q4K", "Q6K"} {
+		fmt.Fprintf(&g, "//go:noescape\nfunc gemm%sAVX2x16(w *byte, xq *int8, xd *float32, xp *int32, nb int, out *float32)\n\n", k)
 	}
 	for a := 1; a <= f32MaxA; a++ {
 		fmt.Fprintf(&g, "//go:noescape\nfunc gemmF32x4x%d(w *float32, ws int, x *float32, xs int, k int, dst *float32, ds int)\n\n", a)
@@ -163,10 +168,11 @@ const f32AVX2MaxA = 3
 // Activation-group widths of the K-quant kernels (kGroupWidth in kgemm.go).
 var kWidths = []int{1, 4}
 
-// kAVX2Shapes are the AVX2 K-quant kernels: {group width, activations per
-// call}. Sixteen ymm registers hold four accumulators per activation, so
-// a call takes at most two rows of a group of four.
-var kAVX2Shapes = [][2]int{{1, 1}, {4, 2}}
+// kAVX2Shapes are the AVX2 K-quant kernels for groups of four activation
+// rows: {group width, activations per call}. Sixteen ymm registers hold
+// four accumulators per activation, so a call takes at most two rows of a
+// group of four. One activation row (decode) has kAVX2x16 instead.
+var kAVX2Shapes = [][2]int{{4, 2}}
 
 // qAVX2Shapes are the AVX2 Q8_0/Q4_0 kernels for groups of several
 // activation rows: {group width, activations per call}.
@@ -839,6 +845,158 @@ func kAVX2(kind string, w, a int) {
 	for i := 0; i < a; i++ {
 		p("\tVMOVUPS Y%d, %d(R11)", i, 64*i)
 	}
+	p("\tVZEROUPPER")
+	p("\tRET")
+	p("")
+}
+
+// kAVX2x16 emits the AVX2 K-quant matrix-vector kernel: all 16 rows of a
+// group x one activation row over nb super-blocks, in one pass over the
+// records (kAVX2 with one activation takes half a group per call, so a
+// decode streamed every record twice, each pass using half of every cache
+// line, and broadcast every activation twice). The arithmetic per row is
+// kAVX2's, so the results are the same bits: rows 0-7 are lanes of the
+// h = 0 registers, rows 8-15 of the h = 1 ones, and each activation
+// broadcast feeds both. Registers: F_h = Y(h), isum_h = Y(2+h),
+// msum/corr_h = Y(4+h), acc_h = Y(6+h); Y8 and Y14 weights, Y9 and Y11
+// activations, Y10 product, Y12 16-bit ones, Y13 nibble mask (Q4_K), Y15
+// scales. It has no software prefetch: the records are one sequential
+// stream, and PREFETCHT0 1, 2 or 4 KiB ahead (one per line) made it
+// slower (Q4_K 32000x2048 from DRAM: 19-24 GB/s with, 33-37 without).
+func kAVX2x16(kind string) {
+	name := fmt.Sprintf("gemm%sAVX2x16", kind)
+	rec := 2368
+	if kind == "Q6K" {
+		rec = 4384
+	}
+	p("// func %s(w *byte, xq *int8, xd *float32, xp *int32, nb int, out *float32)", name)
+	p("//")
+	p("// %s, 16 rows x 1 activation, one pass over each record; per row the", kind)
+	p("// arithmetic of the kAVX2 kernels (see there).")
+	p("TEXT ·%s(SB), NOSPLIT, $0-48", name)
+	p("\tMOVQ w+0(FP), SI")
+	p("\tMOVQ xq+8(FP), DI")
+	p("\tMOVQ xd+16(FP), R9")
+	p("\tMOVQ xp+24(FP), R10")
+	p("\tMOVQ nb+32(FP), CX")
+	p("\tMOVQ out+40(FP), R11")
+	p("\tVPBROADCASTD gemmones16<>(SB), Y12")
+	p("\tVPBROADCASTD gemmnib<>(SB), Y13")
+	p("\tVXORPS Y0, Y0, Y0")
+	p("\tVXORPS Y1, Y1, Y1")
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_store", name)
+	p("%s_loop:", name)
+	for h := 0; h < 2; h++ {
+		p("\tVPXOR Y%d, Y%d, Y%d", 2+h, 2+h, 2+h)
+		p("\tVPXOR Y%d, Y%d, Y%d", 4+h, 4+h, 4+h)
+	}
+	if kind == "Q4K" {
+		for j := 0; j < 8; j++ {
+			c, hi := j/2, j%2
+			for t := 0; t < 8; t++ {
+				p("\tVPBROADCASTD %d(DI), Y9", (16*c+8*hi+t)*4)
+				for h := 0; h < 2; h++ {
+					p("\tVMOVDQU %d(SI), Y8", (c*8+t)*64+32*h)
+					if hi == 1 {
+						p("\tVPSRLW $4, Y8, Y8")
+					}
+					p("\tVPAND Y13, Y8, Y8")
+					if t == 0 {
+						p("\tVPMADDUBSW Y9, Y8, Y%d", 6+h)
+						continue
+					}
+					p("\tVPMADDUBSW Y9, Y8, Y10")
+					p("\tVPADDW Y10, Y%d, Y%d", 6+h, 6+h)
+				}
+			}
+			for h := 0; h < 2; h++ {
+				p("\tVPMOVZXBD %d(SI), Y15", 2048+j*16+8*h)
+				p("\tVPMADDWD Y12, Y%d, Y%d", 6+h, 6+h)
+				p("\tVPMULLD Y15, Y%d, Y%d", 6+h, 6+h)
+				p("\tVPADDD Y%d, Y%d, Y%d", 6+h, 2+h, 2+h)
+			}
+		}
+		for pp := 0; pp < 4; pp++ {
+			p("\tVPBROADCASTD %d(R10), Y9", 4*pp)
+			for h := 0; h < 2; h++ {
+				p("\tVPMOVZXBW %d(SI), Y8", 2176+pp*32+16*h)
+				p("\tVPMADDWD Y9, Y8, Y10")
+				p("\tVPADDD Y10, Y%d, Y%d", 4+h, 4+h)
+			}
+		}
+		p("\tVBROADCASTSS (R9), Y9")
+		for h := 0; h < 2; h++ {
+			p("\tVCVTPH2PS %d(SI), Y14", 2304+16*h)
+			p("\tVCVTPH2PS %d(SI), Y15", 2336+16*h)
+			p("\tVCVTDQ2PS Y%d, Y%d", 2+h, 2+h)
+			p("\tVCVTDQ2PS Y%d, Y%d", 4+h, 4+h)
+			p("\tVMULPS Y9, Y14, Y10")
+			p("\tVMULPS Y10, Y%d, Y%d", 2+h, 2+h)
+			p("\tVMULPS Y9, Y15, Y10")
+			p("\tVMULPS Y10, Y%d, Y%d", 4+h, 4+h)
+			p("\tVSUBPS Y%d, Y%d, Y%d", 4+h, 2+h, 2+h)
+			p("\tVADDPS Y%d, Y%d, Y%d", 2+h, h, h)
+		}
+	} else {
+		for gp := 0; gp < 8; gp++ {
+			p("\tVPBROADCASTD %d(R10), Y9", 4*gp)
+			for h := 0; h < 2; h++ {
+				p("\tVPMOVSXBW %d(SI), Y15", 4096+gp*32+16*h)
+				p("\tVPMADDWD Y9, Y15, Y10")
+				p("\tVPADDD Y10, Y%d, Y%d", 4+h, 4+h)
+			}
+			for hh := 0; hh < 2; hh++ {
+				for tp := 0; tp < 2; tp++ {
+					k4 := 8*gp + 4*hh + 2*tp
+					p("\tVPBROADCASTD %d(DI), Y9", 4*k4)
+					p("\tVPBROADCASTD %d(DI), Y11", 4*(k4+1))
+					for h := 0; h < 2; h++ {
+						p("\tVMOVDQU %d(SI), Y8", k4*64+32*h)
+						p("\tVMOVDQU %d(SI), Y14", (k4+1)*64+32*h)
+						p("\tVPMADDUBSW Y9, Y8, Y10")
+						p("\tVPMADDUBSW Y11, Y14, Y8")
+						p("\tVPADDW Y8, Y10, Y10")
+						if tp == 0 {
+							p("\tVPMADDWD Y12, Y10, Y%d", 6+h)
+						} else {
+							p("\tVPMADDWD Y12, Y10, Y10")
+							p("\tVPADDD Y10, Y%d, Y%d", 6+h, 6+h)
+						}
+					}
+				}
+				// The scale of group 2gp+hh: the low or high signed word.
+				for h := 0; h < 2; h++ {
+					p("\tVPMOVSXBW %d(SI), Y15", 4096+gp*32+16*h)
+					if hh == 0 {
+						p("\tVPSLLD $16, Y15, Y15")
+					}
+					p("\tVPSRAD $16, Y15, Y15")
+					p("\tVPMULLD Y15, Y%d, Y%d", 6+h, 6+h)
+					p("\tVPADDD Y%d, Y%d, Y%d", 6+h, 2+h, 2+h)
+				}
+			}
+		}
+		p("\tVBROADCASTSS (R9), Y9")
+		for h := 0; h < 2; h++ {
+			p("\tVCVTPH2PS %d(SI), Y14", 4352+16*h)
+			p("\tVPSLLD $5, Y%d, Y%d", 4+h, 4+h)
+			p("\tVPSUBD Y%d, Y%d, Y%d", 4+h, 2+h, 2+h)
+			p("\tVCVTDQ2PS Y%d, Y%d", 2+h, 2+h)
+			p("\tVMULPS Y9, Y14, Y10")
+			p("\tVMULPS Y10, Y%d, Y%d", 2+h, 2+h)
+			p("\tVADDPS Y%d, Y%d, Y%d", 2+h, h, h)
+		}
+	}
+	p("\tADDQ $%d, SI", rec)
+	p("\tADDQ $256, DI")
+	p("\tADDQ $4, R9")
+	p("\tADDQ $32, R10")
+	p("\tDECQ CX")
+	p("\tJNZ %s_loop", name)
+	p("%s_store:", name)
+	p("\tVMOVUPS Y0, (R11)")
+	p("\tVMOVUPS Y1, 32(R11)")
 	p("\tVZEROUPPER")
 	p("\tRET")
 	p("")

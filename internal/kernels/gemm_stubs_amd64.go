@@ -53,16 +53,16 @@ func gemmQ8AVX2w8a4(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, h
 func gemmQ4AVX2w8a4(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, half int, out *float32)
 
 //go:noescape
-func gemmQ4KAVX2w1a1(w *byte, xq *int8, xd *float32, xp *int32, nb, half int, out *float32)
-
-//go:noescape
-func gemmQ6KAVX2w1a1(w *byte, xq *int8, xd *float32, xp *int32, nb, half int, out *float32)
-
-//go:noescape
 func gemmQ4KAVX2w4a2(w *byte, xq *int8, xd *float32, xp *int32, nb, half int, out *float32)
 
 //go:noescape
 func gemmQ6KAVX2w4a2(w *byte, xq *int8, xd *float32, xp *int32, nb, half int, out *float32)
+
+//go:noescape
+func gemmQ4KAVX2x16(w *byte, xq *int8, xd *float32, xp *int32, nb int, out *float32)
+
+//go:noescape
+func gemmQ6KAVX2x16(w *byte, xq *int8, xd *float32, xp *int32, nb int, out *float32)
 
 //go:noescape
 func gemmF32x4x1(w *float32, ws int, x *float32, xs int, k int, dst *float32, ds int)

@@ -519,14 +519,21 @@ func kTileAVX2(t quant.Type, width, ng int, w []byte, xq []int8, xd []float32, x
 		return
 	}
 	w, xq, xd, xp = w[:ng*nb*rec], xq[:nb*qkK*width], xd[:nb*width], xp[:nb*8*width]
+	q6 := t == quant.Q6_K
+	if width == 1 {
+		// Decode: one pass over each group's records, all 16 rows.
+		k := gemmQ4KAVX2x16
+		if q6 {
+			k = gemmQ6KAVX2x16
+		}
+		for g := 0; g < ng; g++ {
+			k(&w[g*nb*rec], &xq[0], &xd[0], &xp[0], nb, &out[g*qRows])
+		}
+		return
+	}
 	var k func(w *byte, xq *int8, xd *float32, xp *int32, nb, half int, out *float32)
 	a := 1
-	q6 := t == quant.Q6_K
 	switch {
-	case width == 1 && q6:
-		k = gemmQ6KAVX2w1a1
-	case width == 1:
-		k = gemmQ4KAVX2w1a1
 	case width == 4 && q6:
 		k, a = gemmQ6KAVX2w4a2, 2
 	case width == 4:
