@@ -71,6 +71,10 @@ go test -count=1 -tags pw_mutants ./internal/sched/ ./internal/disagg/
 # Each mutant must be caught by the whole-system simulation within 1,000
 # seeds (TestSimulation itself ran above, without the tag).
 go test -count=1 -tags pw_mutants -run 'TestMutantsCaught' ./internal/sim/
+# The replay audit's positive control: a page of another tenant swapped
+# into running sequences behind the ownership check, on every test model;
+# each contaminated answer's teacher-forced re-score must differ (~30 s).
+go test -count=1 -tags pw_mutants -run 'TestAuditCatchesSwappedPage' ./internal/engine/
 echo "== go test -race -short (concurrent packages)"
 go test -count=1 -race -short -timeout 20m $(go list ./internal/... | grep -E '/(kvcache|sched|gateway|kernels|engine|node|loadgen|probe|cli|transfer|link|disagg|cluster)($|/)')
 echo "== go test -tags purego -short (the whole suite on the reference kernels)"

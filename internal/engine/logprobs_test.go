@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"sync"
@@ -47,9 +48,18 @@ func lpNode(t *testing.T, m *model.Model) (*sched.Node, *Engine) {
 // lpRun submits p and returns its tokens and their logprobs.
 func lpRun(t *testing.T, n *sched.Node, p request.Params) ([]int, []*request.Logprobs) {
 	t.Helper()
-	st, err := n.Submit(context.Background(), p)
+	ids, lps, err := lpTry(n, p)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return ids, lps
+}
+
+// lpTry is lpRun for a request that may fail.
+func lpTry(n *sched.Node, p request.Params) ([]int, []*request.Logprobs, error) {
+	st, err := n.Submit(context.Background(), p)
+	if err != nil {
+		return nil, nil, err
 	}
 	var ids []int
 	var lps []*request.Logprobs
@@ -59,15 +69,15 @@ func lpRun(t *testing.T, n *sched.Node, p request.Params) ([]int, []*request.Log
 			break
 		}
 		if err != nil {
-			t.Fatal(err)
+			return nil, nil, err
 		}
 		ids = append(ids, tok.ID)
 		lps = append(lps, tok.Logprobs)
 	}
 	if res := st.Result(); !res.Reason.Success() {
-		t.Fatalf("%v: %v", res.Reason, res.Err)
+		return nil, nil, fmt.Errorf("%v: %w", res.Reason, res.Err)
 	}
-	return ids, lps
+	return ids, lps, nil
 }
 
 // TestLogprobsTeacherForced: a request that asks for logprobs gets them

@@ -9,4 +9,9 @@ var testHooks struct {
 	// CommitImport without its page-count and fill checks (the incident
 	// control of package disagg, mutants.go).
 	skipHandoffCheck bool
+	// swapPage, when set, may return another block table for the view
+	// Begin hands out, after the check passed: the replay audit's
+	// positive control (mutant_swap.go), a page of another tenant read
+	// as if it were the sequence's own.
+	swapPage func(p *Pool, s *Sequence, table []entry) []entry
 }

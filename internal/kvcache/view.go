@@ -115,7 +115,11 @@ func (p *Pool) Begin(s *Sequence, n int) (*View, error) {
 	ps := p.layout.PageSize
 	end := (s.length + n + ps - 1) / ps
 	s.viewGen++
-	return &View{pool: p, seq: s, gen: s.viewGen, start: s.length, n: n, first: s.dropped, table: s.table[:end:end]}, nil
+	table := s.table[:end:end]
+	if testHooks.swapPage != nil {
+		table = testHooks.swapPage(p, s, table)
+	}
+	return &View{pool: p, seq: s, gen: s.viewGen, start: s.length, n: n, first: s.dropped, table: table}, nil
 }
 
 // Commit records the view's N positions as written: the sequence's length
