@@ -119,6 +119,13 @@ func capacityCmd() *cobra.Command {
 			capa, err := node.Plan(m, o)
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "model            %s (%s, %d layers, %d kv heads x %d, context %d)\n", m.Name, m.WeightType, m.Config.Layers, m.Config.KVHeads, m.Config.HeadDim, m.Config.ContextLength)
+			// A sliding window changes what a sequence must keep: say
+			// which one this file gets (a Mistral GGUF's is easy to lose).
+			if w := m.Config.SlidingWindow; w > 0 && m.Config.EveryLayerWindow() > 0 {
+				fmt.Fprintf(out, "attention window %d positions on every layer: a sequence gives back the pages before its last %d positions\n", w, w)
+			} else if w > 0 {
+				fmt.Fprintf(out, "attention window %d positions on some layers: every page is kept\n", w)
+			}
 			fmt.Fprintf(out, "kv memory        %d bytes (%.1f MiB; %s)\n", capa.KVMemory, float64(capa.KVMemory)/(1<<20), capa.KVMemorySource)
 			fmt.Fprintf(out, "pages            %d\n", capa.Pages)
 			if err != nil {
