@@ -137,7 +137,9 @@ func archGGUF(spec BuiltinSpec, typeOf func(name string) quant.Type) (*gguf.Writ
 		for i := range vals {
 			vals[i] += t.offset
 		}
-		if t.name == "output.weight" {
+		if t.name == "output.weight" || (t.name == "token_embd.weight" && a == "gemma2") {
+			// gemma2's output is the embedding: damping its rows
+			// damps those tokens' inputs too, which is harmless.
 			dampNonText(vals, t.cols, types)
 		}
 		typ := spec.Type
