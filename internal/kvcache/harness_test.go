@@ -188,9 +188,15 @@ func (h *harness) checkView(x *hseq, v *kvcache.View) {
 	if v.Start() != x.s.Len() || v.NumPages() != (end+ps-1)/ps {
 		h.t.Fatalf("view at %d for %d positions over %d pages, sequence length %d", v.Start(), v.N(), v.NumPages(), x.s.Len())
 	}
+	if v.FirstPage() != x.s.DroppedPages() {
+		h.t.Fatalf("view's first page %d, sequence gave back %d", v.FirstPage(), x.s.DroppedPages())
+	}
 	for layer := range h.l.Layers {
 		for pg := range v.NumPages() {
 			valid := min(end-pg*ps, ps)
+			if pg < v.FirstPage() {
+				valid = 0 // given back behind the window: nothing to read
+			}
 			for kv := range 2 {
 				elems := h.elems(v, layer, pg, kv)
 				if len(elems) != valid*kvd {
@@ -353,6 +359,9 @@ func (h *harness) opFork() {
 	h.nextID++
 	child, err := h.p.Fork(x.s, owner(h.tenants[x.tenant], h.nextID))
 	if err != nil {
+		if x.s.DroppedPages() > 0 && errors.Is(err, kvcache.ErrInvalid) {
+			return // pages given back: nothing to fork from
+		}
 		if !errors.Is(err, kvcache.ErrNoPages) {
 			h.t.Fatalf("Fork: %v", err)
 		}
@@ -364,6 +373,25 @@ func (h *harness) opFork() {
 		h.t.Fatalf("fork has length %d, parent %d", child.Len(), x.s.Len())
 	}
 	h.seqs = append(h.seqs, y)
+}
+
+// opDropBefore gives back the pages of a sequence behind a random
+// position, as a sliding-window model's scheduler does: exactly the full,
+// written pages wholly before it, and later steps (checkView) still read
+// every position after them correctly.
+func (h *harness) opDropBefore() {
+	x := h.pick()
+	if x == nil {
+		return
+	}
+	ps := h.l.PageSize
+	pos := h.c.Intn("pos", x.s.Len()+2*ps)
+	prev, held := x.s.DroppedPages(), x.s.HeldPages()
+	want := max(prev, min(pos, x.s.Len())/ps)
+	n, err := h.p.DropBefore(x.s, pos)
+	if err != nil || n != want-prev || x.s.DroppedPages() != want || x.s.HeldPages() != held-n {
+		h.t.Fatalf("DropBefore(%d) at length %d: %d pages, %v; dropped %d (was %d), want %d", pos, x.s.Len(), n, err, x.s.DroppedPages(), prev, want)
+	}
 }
 
 func (h *harness) opScrubQuarantined() {
@@ -448,10 +476,13 @@ func (h *harness) opCorrupt() {
 	}
 	switch h.c.Intn("fault", 3) {
 	case 0, 1:
-		if y == nil || y.tenant == x.tenant || y.s.NumPages() == 0 {
+		if y == nil || y.tenant == x.tenant || y.s.HeldPages() == 0 {
 			return
 		}
-		kvcache.InjectPage(x.s, h.c.Intn("i", x.s.NumPages()), y.s, h.c.Intn("j", y.s.NumPages()), h.c.Intn("keep", 2) == 0)
+		// A page y holds (an entry it gave back names no page: copying
+		// it over one x also gave back would change nothing).
+		j := y.s.DroppedPages() + h.c.Intn("j", y.s.HeldPages())
+		kvcache.InjectPage(x.s, h.c.Intn("i", x.s.NumPages()), y.s, j, h.c.Intn("keep", 2) == 0)
 	case 2:
 		kvcache.SetLength(x.s, x.s.Len()+1+h.c.Intn("extra", h.l.PageSize))
 	}
@@ -470,5 +501,6 @@ func (h *harness) actions() map[string]func() {
 		"new": h.opNew, "new2": h.opNew, "step": h.opStep, "step2": h.opStep, "step3": h.opStep,
 		"publish": h.opPublish, "release": h.opRelease, "fork": h.opFork,
 		"scrubQuarantined": h.opScrubQuarantined, "pressure": h.opPressure, "evict": h.opEvict,
+		"dropBefore": h.opDropBefore,
 	}
 }
