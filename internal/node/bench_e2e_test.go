@@ -149,6 +149,10 @@ var auditModel = flag.String("model.audit", "135m-q8_0", "builtin model for Benc
 // latencies as the clients saw them, and how many replays ran (each after
 // the load it audits, until the queue is empty) or were dropped.
 //
+// An audited answer also has the engine compute its tokens' logprobs (the
+// record its re-score is compared with), and its re-score is a
+// teacher-forced run of the answer at the lowest priority.
+//
 //	go test -run '^$' -bench BenchmarkAuditOverhead -benchtime 2x ./internal/node
 func BenchmarkAuditOverhead(b *testing.B) {
 	ids := []string{"t0", "t1", "t2", "t3"}
@@ -165,12 +169,17 @@ func BenchmarkAuditOverhead(b *testing.B) {
 					still++
 				}
 			}
-			// Request latency, not TTFT or inter-token gaps: the random
-			// weights of the 135m shapes often write tokens with no text,
-			// which a client cannot time.
+			// Request latency as the clients saw it; inter-token latency
+			// as the gateway timed it (pagewarden_inter_token_latency_seconds,
+			// every token of the tenants' requests, text or not: the
+			// random weights of the 135m shapes often write tokens with
+			// no text, which a client cannot time; replays are not in it).
 			b.ReportMetric(r.OutputTokensPerSec, "tok/s")
 			b.ReportMetric(ms(r.Latency.P50), "latency-p50-ms")
 			b.ReportMetric(ms(r.Latency.P99), "latency-p99-ms")
+			itl := s.histogram("pagewarden_inter_token_latency_seconds")
+			b.ReportMetric(1000*itl.mean(), "itl-mean-ms")
+			b.ReportMetric(1000*itl.quantile(0.99), "itl-p99-ms")
 			b.ReportMetric(s.replays("match")+s.replays("mismatch"), "replays")
 			b.ReportMetric(s.replays("dropped"), "dropped")
 			if v := s.metricValue("pagewarden_audit_mismatches_total"); v != 0 {
@@ -178,4 +187,66 @@ func BenchmarkAuditOverhead(b *testing.B) {
 			}
 		})
 	}
+}
+
+// hist is a histogram summed over its label values.
+type hist struct {
+	count, sum float64
+	bounds     []float64 // upper bounds, ascending
+	cum        []float64 // cumulative counts at each bound
+}
+
+func (h hist) mean() float64 {
+	if h.count == 0 {
+		return 0
+	}
+	return h.sum / h.count
+}
+
+// quantile interpolates linearly within the bucket holding q (Prometheus'
+// histogram_quantile).
+func (h hist) quantile(q float64) float64 {
+	if h.count == 0 {
+		return 0
+	}
+	rank := q * h.count
+	lo, below := 0.0, 0.0
+	for i, b := range h.bounds {
+		if h.cum[i] >= rank {
+			if h.cum[i] == below {
+				return b
+			}
+			return lo + (b-lo)*(rank-below)/(h.cum[i]-below)
+		}
+		lo, below = b, h.cum[i]
+	}
+	return lo
+}
+
+// histogram gathers the gateway's histogram name, summed over its series.
+func (s *e2eServer) histogram(name string) hist {
+	s.t.Helper()
+	mfs, err := s.srv.Metrics().Gather()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	var h hist
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			hg := m.GetHistogram()
+			h.count += float64(hg.GetSampleCount())
+			h.sum += hg.GetSampleSum()
+			for i, bk := range hg.GetBucket() {
+				if i >= len(h.bounds) {
+					h.bounds = append(h.bounds, bk.GetUpperBound())
+					h.cum = append(h.cum, 0)
+				}
+				h.cum[i] += float64(bk.GetCumulativeCount())
+			}
+		}
+	}
+	return h
 }
