@@ -1002,7 +1002,17 @@ func (c *Core) dropBehindWindow(r *req) {
 	if c.cfg.Window <= 0 || r.seq == nil || r.prefillOnly || r.life.State().Terminal() {
 		return
 	}
-	n, err := c.pool.DropBefore(r.seq, r.seq.Len()-c.cfg.Window+1)
+	pos := r.seq.Len() - c.cfg.Window + 1
+	if c.cfg.PrefixCache && r.preemptions == 0 && !r.imported && r.life.State() == StatePrefilling &&
+		pos/c.lim.PageSize > r.seq.DroppedPages() {
+		// A prompt longer than the window gives back its first pages
+		// before it is done, and take publishes only what is held then:
+		// publish them now, or the chain of keys would miss its head and
+		// no later request could ever hit it. (A published page given
+		// back stays cached for the tenant, unreferenced.)
+		c.pool.PublishPrefix(r.seq, r.params.Prompt, r.params.CacheSalt)
+	}
+	n, err := c.pool.DropBefore(r.seq, pos)
 	if err != nil {
 		c.dropPages(r, err)
 		cause := fmt.Errorf("%w: %w", request.ErrInternal, err)

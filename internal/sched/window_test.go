@@ -93,35 +93,46 @@ func TestWindowRunsMoreAtOnce(t *testing.T) {
 }
 
 // TestWindowPrefixCache runs windowed requests of one tenant that share a
-// prompt longer than the window: the first publishes the pages it still
-// holds when its prompt is done; later ones attach what is cached, give
-// back what their window leaves behind, and compute the same tokens.
+// prompt longer than the window, in one prefill step or in chunks (so the
+// first pages are given back before the prompt is done): the first
+// publishes its prompt's pages, in chunks before it gives them back; later
+// ones attach the cached prefix, give back what their window leaves
+// behind, and compute the same tokens.
 func TestWindowPrefixCache(t *testing.T) {
-	const ps, window = 4, 6
-	h := newHarness(t, harnessOpts{window: 128, pageSize: ps, pages: 40, batchTokens: 64, maxRunning: 4, attnWindow: window, prefix: true})
-	base := h.mkParams("a", 30, 10)
-	var owners []request.Owner
-	for i := range 3 {
-		p := base
-		p.Owner = h.owner("a")
-		if err := h.submitParams(p); err != nil {
-			t.Fatal(err)
-		}
-		owners = append(owners, p.Owner)
-		if i == 0 {
-			h.drain(t) // the first computes and publishes alone
-		}
+	const ps, window, prompt = 4, 6, 30
+	for _, batch := range []int{64, 8, 5} {
+		t.Run(fmt.Sprintf("batch%d", batch), func(t *testing.T) {
+			h := newHarness(t, harnessOpts{window: 128, pageSize: ps, pages: 40, batchTokens: batch, maxRunning: 4, attnWindow: window, prefix: true})
+			base := h.mkParams("a", prompt, 10)
+			var owners []request.Owner
+			for i := range 3 {
+				p := base
+				p.Owner = h.owner("a")
+				if err := h.submitParams(p); err != nil {
+					t.Fatal(err)
+				}
+				owners = append(owners, p.Owner)
+				if i == 0 {
+					h.drain(t) // the first computes and publishes alone
+				}
+			}
+			h.drain(t)
+			for _, o := range owners[1:] {
+				if fmt.Sprint(h.tokens[o]) != fmt.Sprint(h.tokens[owners[0]]) {
+					t.Fatalf("%v generated %v, the first %v", o, h.tokens[o], h.tokens[owners[0]])
+				}
+				// Every full page of the prompt but the one holding
+				// its last token, which is always computed.
+				if got, want := h.results[o].Usage.CachedTokens, (prompt-1)/ps*ps; got != want {
+					t.Errorf("%v: %d cached prompt tokens, want %d", o, got, want)
+				}
+			}
+			if v := h.pool.Violations(); v != 0 {
+				t.Fatalf("%d violations", v)
+			}
+			h.checkFree(t)
+		})
 	}
-	h.drain(t)
-	for _, o := range owners[1:] {
-		if fmt.Sprint(h.tokens[o]) != fmt.Sprint(h.tokens[owners[0]]) {
-			t.Fatalf("%v generated %v, the first %v", o, h.tokens[o], h.tokens[owners[0]])
-		}
-	}
-	if v := h.pool.Violations(); v != 0 {
-		t.Fatalf("%d violations", v)
-	}
-	h.checkFree(t)
 }
 
 // TestWindowPrefillOnlyKeepsPages checks the handoff side: a prefill-only
