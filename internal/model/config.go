@@ -27,7 +27,7 @@ const (
 
 // Config is the shape and the hyper-parameters of a model.
 type Config struct {
-	Arch          string // "llama", "qwen2"
+	Arch          string // "llama", "qwen2", "phi3", "gemma2"
 	Dim           int    // embedding width
 	Layers        int
 	Heads         int
@@ -62,7 +62,7 @@ type Config struct {
 	// all of them (gemma2 alternates windowed and global layers).
 	WindowedLayers []bool
 	// AttnScale multiplies the query-key products; 0 means 1/sqrt(HeadDim)
-	// (gemma2 scales by its query_pre_attn_scalar instead).
+	// (Gemma 2 27B: 1/sqrt(Dim/Heads), its query_pre_attn_scalar).
 	AttnScale float32
 	// AttnSoftcap, when positive, caps attention scores as
 	// AttnSoftcap*tanh(score/AttnSoftcap) before the softmax (gemma2).
