@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/pagewarden/pagewarden/internal/gguf"
+	"github.com/pagewarden/pagewarden/internal/kvcache"
 	"github.com/pagewarden/pagewarden/internal/model"
 	"github.com/pagewarden/pagewarden/internal/quant"
 )
@@ -295,4 +296,39 @@ func FuzzArchGGUF(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestArchFusedExact: gemma2's Q, K, V and gate, up projections fuse like
+// llama's, and phi3's come fused from the file; either way a model loaded
+// with every projection apart gives the same logits bit for bit, over
+// batched prefill and decode steps, F32 and F16 caches and one or two
+// threads.
+func TestArchFusedExact(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		qkv, gu   int // matrices of the fused model's projections
+		pqkv, pgu int // and of the unfused one's
+	}{
+		{"tiny-gemma2", 1, 1, 3, 2},
+		{"tiny-phi3", 1, 1, 1, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fused := builtin(t, tc.name)
+			plain, err := model.BuiltinUnfused(tc.name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			L, P := &fused.W.Layers[0], &plain.W.Layers[0]
+			if got, want := [4]int{len(L.QKV.Matrices()), len(L.GateUp.Matrices()), len(P.QKV.Matrices()), len(P.GateUp.Matrices())}, [4]int{tc.qkv, tc.gu, tc.pqkv, tc.pgu}; got != want {
+				t.Fatalf("matrices per projection (fused QKV, GateUp, unfused QKV, GateUp) = %v, want %v", got, want)
+			}
+			for _, dt := range []kvcache.DType{kvcache.F32, kvcache.F16} {
+				for _, threads := range []int{1, 2} {
+					if err := sameBits(scriptedLogits(t, plain, dt, threads), scriptedLogits(t, fused, dt, threads)); err != nil {
+						t.Errorf("kv %v, %d threads: %v", dt, threads, err)
+					}
+				}
+			}
+		})
+	}
 }
