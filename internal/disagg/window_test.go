@@ -14,9 +14,11 @@ import (
 
 // TestDisaggregatedWindowMatches runs models windowed on every layer (a
 // llama file with a short sliding window, as a Mistral GGUF carries it,
-// and builtin:tiny-phi3) three ways: a private engine that keeps every
-// page (as `pagewarden run` does), one node whose scheduler gives back the
-// pages behind the window, and the prefill → decode handoff (the prefill
+// and builtin:tiny-phi3) three ways: a private engine (as `pagewarden
+// run` does: its own loop, which gives back pages in step; engine's
+// TestWindowedGeneration checks it against a loop that keeps every page),
+// one node whose scheduler gives back the pages behind the window, and the
+// prefill → decode handoff (the prefill
 // node keeps and sends every prompt page; the decode node commits them all
 // and then gives back what its window left behind). Prompts longer than
 // the window and generations well past it must give the same greedy

@@ -21,9 +21,12 @@ import (
 
 // Options configure an Engine. The zero value is usable.
 type Options struct {
-	Threads      int           // compute threads; 0 means 1
-	PageSize     int           // tokens per KV page; 0 means 16
-	Pages        int           // KV pages; 0 means enough for one full context
+	Threads  int // compute threads; 0 means 1
+	PageSize int // tokens per KV page; 0 means 16
+	// Pages is the KV pool's size; 0 means enough for one full context,
+	// or, for a model windowed on every layer, for one sequence's
+	// window and a prefill chunk (step gives back the pages behind it).
+	Pages        int
 	KVType       kvcache.DType // F32 (default) or F16
 	Scrub        kvcache.ScrubPolicy
 	AllowNoScrub bool
@@ -59,6 +62,12 @@ func New(m *model.Model, o Options) (*Engine, error) {
 	layout := kvcache.Layout{Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, PageSize: o.PageSize, DType: o.KVType}
 	if o.Pages <= 0 {
 		o.Pages = (c.ContextLength + o.PageSize - 1) / o.PageSize
+		if w := c.EveryLayerWindow(); w > 0 {
+			// The most one sequence holds: the window's positions
+			// before a step and the step's (at most a chunk), over
+			// pages that need not be aligned to them.
+			o.Pages = min(o.Pages, (w-1+o.PrefillChunk+o.PageSize-1)/o.PageSize+1)
+		}
 	}
 	kv, err := kvcache.NewPool(kvcache.Config{Layout: layout, Pages: o.Pages, Scrub: o.Scrub, AllowNoScrub: o.AllowNoScrub, ModelDigest: m.Digest})
 	if err != nil {
@@ -91,7 +100,11 @@ func rate(n int, d time.Duration) float64 {
 	return float64(n) / d.Seconds()
 }
 
-// step runs tokens through the model for seq and commits them.
+// step runs tokens through the model for seq and commits them. For a model
+// windowed on every layer it then gives back the pages behind the window
+// (kvcache.Pool.DropBefore): the next position, Len(), sees keys from
+// Len()-window+1 on, so a long generation holds a window's pages, not the
+// whole context's.
 func (e *Engine) step(seq *kvcache.Sequence, tokens []int, mode model.LogitsMode) ([]float32, error) {
 	if err := e.KV.Reserve(seq, len(tokens)); err != nil {
 		return nil, err
@@ -106,6 +119,11 @@ func (e *Engine) step(seq *kvcache.Sequence, tokens []int, mode model.LogitsMode
 	}
 	if err := e.KV.Commit(v); err != nil {
 		return nil, err
+	}
+	if w := e.Model.Config.EveryLayerWindow(); w > 0 {
+		if _, err := e.KV.DropBefore(seq, seq.Len()-w+1); err != nil {
+			return nil, err
+		}
 	}
 	return out[0], nil
 }
