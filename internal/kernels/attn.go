@@ -134,3 +134,28 @@ func attnGemmTiled(table [][]attnKernel, lanes int, dst []float32, ds int, a []f
 // order (attn_amd64.go adds the assembly); AttnGemm takes the installed
 // tier's at each call, so SetTier needs no hook here.
 var attnGemmVariants = []variant[attnGemmFn]{{"ref", attnGemmRef}}
+
+// AttnSoftmax is Softmax for a row of attention scores, followed, when f16
+// is set, by rounding each weight to F16 and back (nearest even): what
+// ggml's non-flash attention does before it multiplies an F16 cache's
+// values. Like Softmax it subtracts the maximum, sums the exponentials in
+// float64 and multiplies by the float32 inverse of the sum; the SIMD tiers
+// differ from the reference only in the order of that float64 sum.
+func AttnSoftmax(x []float32, f16 bool) {
+	if len(x) == 0 {
+		return
+	}
+	pick(attnSoftmaxVariants, tier)(x, f16)
+}
+
+// attnSoftmaxRef is the reference: softmaxRef, then the rounding.
+func attnSoftmaxRef(x []float32, f16 bool) {
+	softmaxRef(x)
+	if f16 {
+		for i, v := range x {
+			x[i] = f16ToF32(f32ToF16(v))
+		}
+	}
+}
+
+var attnSoftmaxVariants = []variant[func(x []float32, f16 bool)]{{"ref", attnSoftmaxRef}}

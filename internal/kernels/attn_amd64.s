@@ -2941,3 +2941,217 @@ attnGemmAVX2r6c2_store:
 	VZEROUPPER
 	RET
 
+// func attnMaxAVX512(x *float32, n int) float32
+//
+// The largest of x[:n] (n a multiple of 16); NaNs are skipped, as the
+// scalar loop's x > max skips them: MAXPS keeps its second (Intel)
+// operand, the running maximum, when either is NaN.
+TEXT ·attnMaxAVX512(SB), NOSPLIT, $0-20
+	MOVQ x+0(FP), SI
+	MOVQ n+8(FP), CX
+	MOVL $0xff800000, AX
+	MOVQ AX, X0
+	VBROADCASTSS X0, Z0
+	VMOVAPS Z0, Z1
+	VMOVAPS Z0, Z2
+	VMOVAPS Z0, Z3
+attnMaxAVX512_loop4:
+	CMPQ CX, $64
+	JL attnMaxAVX512_loop1
+	VMOVUPS 0(SI), Z4
+	VMAXPS Z0, Z4, Z0
+	VMOVUPS 64(SI), Z5
+	VMAXPS Z1, Z5, Z1
+	VMOVUPS 128(SI), Z6
+	VMAXPS Z2, Z6, Z2
+	VMOVUPS 192(SI), Z7
+	VMAXPS Z3, Z7, Z3
+	ADDQ $256, SI
+	SUBQ $64, CX
+	JMP attnMaxAVX512_loop4
+attnMaxAVX512_loop1:
+	TESTQ CX, CX
+	JZ attnMaxAVX512_fold
+	VMOVUPS (SI), Z4
+	VMAXPS Z0, Z4, Z0
+	ADDQ $64, SI
+	SUBQ $16, CX
+	JMP attnMaxAVX512_loop1
+attnMaxAVX512_fold:
+	VMAXPS Z1, Z0, Z0
+	VMAXPS Z3, Z2, Z2
+	VMAXPS Z2, Z0, Z0
+	VEXTRACTF64X4 $1, Z0, Y1
+	VMAXPS Y1, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VMAXPS X1, X0, X0
+	VMOVHLPS X0, X0, X1
+	VMAXPS X1, X0, X0
+	VMOVSHDUP X0, X1
+	VMAXPS X1, X0, X0
+	VZEROUPPER
+	MOVSS X0, ret+16(FP)
+	RET
+
+// func attnSumAVX512(x *float32, n int) float64
+//
+// The sum of x[:n] (n a multiple of 16) in float64, as ggml sums a
+// softmax row: each half vector widened to doubles, two accumulators.
+TEXT ·attnSumAVX512(SB), NOSPLIT, $0-24
+	MOVQ x+0(FP), SI
+	MOVQ n+8(FP), CX
+	VXORPD Z0, Z0, Z0
+	VXORPD Z1, Z1, Z1
+attnSumAVX512_loop:
+	TESTQ CX, CX
+	JZ attnSumAVX512_fold
+	VCVTPS2PD (SI), Z2
+	VCVTPS2PD 32(SI), Z3
+	VADDPD Z2, Z0, Z0
+	VADDPD Z3, Z1, Z1
+	ADDQ $64, SI
+	SUBQ $16, CX
+	JMP attnSumAVX512_loop
+attnSumAVX512_fold:
+	VADDPD Z1, Z0, Z0
+	VEXTRACTF64X4 $1, Z0, Y1
+	VADDPD Y1, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPD X1, X0, X0
+	VUNPCKHPD X0, X0, X1
+	VADDSD X1, X0, X0
+	VZEROUPPER
+	MOVSD X0, ret+16(FP)
+	RET
+
+// func attnScaleAVX512(x *float32, n int, c float32, round int)
+//
+// x[:n] *= c (n a multiple of 16), each product then rounded to F16
+// (nearest even) and back when round is non-zero.
+TEXT ·attnScaleAVX512(SB), NOSPLIT, $0-32
+	MOVQ x+0(FP), SI
+	MOVQ n+8(FP), CX
+	VBROADCASTSS c+16(FP), Z1
+	MOVQ round+24(FP), AX
+attnScaleAVX512_loop:
+	TESTQ CX, CX
+	JZ attnScaleAVX512_done
+	VMULPS (SI), Z1, Z0
+	TESTQ AX, AX
+	JZ attnScaleAVX512_store
+	VCVTPS2PH $0, Z0, Y2
+	VCVTPH2PS Y2, Z0
+attnScaleAVX512_store:
+	VMOVUPS Z0, (SI)
+	ADDQ $64, SI
+	SUBQ $16, CX
+	JMP attnScaleAVX512_loop
+attnScaleAVX512_done:
+	VZEROUPPER
+	RET
+
+// func attnMaxAVX2(x *float32, n int) float32
+//
+// The largest of x[:n] (n a multiple of 8); NaNs are skipped, as the
+// scalar loop's x > max skips them: MAXPS keeps its second (Intel)
+// operand, the running maximum, when either is NaN.
+TEXT ·attnMaxAVX2(SB), NOSPLIT, $0-20
+	MOVQ x+0(FP), SI
+	MOVQ n+8(FP), CX
+	MOVL $0xff800000, AX
+	MOVQ AX, X0
+	VBROADCASTSS X0, Y0
+	VMOVAPS Y0, Y1
+	VMOVAPS Y0, Y2
+	VMOVAPS Y0, Y3
+attnMaxAVX2_loop4:
+	CMPQ CX, $32
+	JL attnMaxAVX2_loop1
+	VMOVUPS 0(SI), Y4
+	VMAXPS Y0, Y4, Y0
+	VMOVUPS 32(SI), Y5
+	VMAXPS Y1, Y5, Y1
+	VMOVUPS 64(SI), Y6
+	VMAXPS Y2, Y6, Y2
+	VMOVUPS 96(SI), Y7
+	VMAXPS Y3, Y7, Y3
+	ADDQ $128, SI
+	SUBQ $32, CX
+	JMP attnMaxAVX2_loop4
+attnMaxAVX2_loop1:
+	TESTQ CX, CX
+	JZ attnMaxAVX2_fold
+	VMOVUPS (SI), Y4
+	VMAXPS Y0, Y4, Y0
+	ADDQ $32, SI
+	SUBQ $8, CX
+	JMP attnMaxAVX2_loop1
+attnMaxAVX2_fold:
+	VMAXPS Y1, Y0, Y0
+	VMAXPS Y3, Y2, Y2
+	VMAXPS Y2, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VMAXPS X1, X0, X0
+	VMOVHLPS X0, X0, X1
+	VMAXPS X1, X0, X0
+	VMOVSHDUP X0, X1
+	VMAXPS X1, X0, X0
+	VZEROUPPER
+	MOVSS X0, ret+16(FP)
+	RET
+
+// func attnSumAVX2(x *float32, n int) float64
+//
+// The sum of x[:n] (n a multiple of 8) in float64, as ggml sums a
+// softmax row: each half vector widened to doubles, two accumulators.
+TEXT ·attnSumAVX2(SB), NOSPLIT, $0-24
+	MOVQ x+0(FP), SI
+	MOVQ n+8(FP), CX
+	VXORPD Y0, Y0, Y0
+	VXORPD Y1, Y1, Y1
+attnSumAVX2_loop:
+	TESTQ CX, CX
+	JZ attnSumAVX2_fold
+	VCVTPS2PD (SI), Y2
+	VCVTPS2PD 16(SI), Y3
+	VADDPD Y2, Y0, Y0
+	VADDPD Y3, Y1, Y1
+	ADDQ $32, SI
+	SUBQ $8, CX
+	JMP attnSumAVX2_loop
+attnSumAVX2_fold:
+	VADDPD Y1, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPD X1, X0, X0
+	VUNPCKHPD X0, X0, X1
+	VADDSD X1, X0, X0
+	VZEROUPPER
+	MOVSD X0, ret+16(FP)
+	RET
+
+// func attnScaleAVX2(x *float32, n int, c float32, round int)
+//
+// x[:n] *= c (n a multiple of 8), each product then rounded to F16
+// (nearest even) and back when round is non-zero.
+TEXT ·attnScaleAVX2(SB), NOSPLIT, $0-32
+	MOVQ x+0(FP), SI
+	MOVQ n+8(FP), CX
+	VBROADCASTSS c+16(FP), Y1
+	MOVQ round+24(FP), AX
+attnScaleAVX2_loop:
+	TESTQ CX, CX
+	JZ attnScaleAVX2_done
+	VMULPS (SI), Y1, Y0
+	TESTQ AX, AX
+	JZ attnScaleAVX2_store
+	VCVTPS2PH $0, Y0, X2
+	VCVTPH2PS X2, Y0
+attnScaleAVX2_store:
+	VMOVUPS Y0, (SI)
+	ADDQ $32, SI
+	SUBQ $8, CX
+	JMP attnScaleAVX2_loop
+attnScaleAVX2_done:
+	VZEROUPPER
+	RET
+

@@ -131,3 +131,21 @@ var attnGemmAVX2Kernels = [][]attnKernel{
 	{attnGemmAVX2r5c1, attnGemmAVX2r5c2},
 	{attnGemmAVX2r6c1, attnGemmAVX2r6c2},
 }
+
+//go:noescape
+func attnMaxAVX512(x *float32, n int) float32
+
+//go:noescape
+func attnSumAVX512(x *float32, n int) float64
+
+//go:noescape
+func attnScaleAVX512(x *float32, n int, c float32, round int)
+
+//go:noescape
+func attnMaxAVX2(x *float32, n int) float32
+
+//go:noescape
+func attnSumAVX2(x *float32, n int) float64
+
+//go:noescape
+func attnScaleAVX2(x *float32, n int, c float32, round int)

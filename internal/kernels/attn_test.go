@@ -176,3 +176,49 @@ func BenchmarkAttnGemm(b *testing.B) {
 		})
 	}
 }
+
+// TestAttnSoftmaxVariants: every AttnSoftmax implementation is within 3
+// ulps of the reference (which is Softmax's), for rows with masked (-Inf)
+// entries, huge spreads and every tail length; with f16 set every weight
+// is an F16 value at most one F16 step from the reference's (a weight one
+// float32 ulp away may round the other way); an all -Inf row gives NaN as
+// the reference does.
+func TestAttnSoftmaxVariants(t *testing.T) {
+	rng := newRand(74)
+	for _, v := range attnSoftmaxVariants {
+		for _, n := range testLengths() {
+			x := specialF32(rng, n)
+			for i := range x {
+				if math.IsInf(float64(x[i]), 1) {
+					x[i] = 3 // +Inf would make every output NaN
+				}
+			}
+			for _, f16 := range []bool{false, true} {
+				got := append([]float32(nil), x...)
+				want := append([]float32(nil), x...)
+				v.fn(got, f16)
+				attnSoftmaxRef(want, f16)
+				for i := range want {
+					if !f16 {
+						if ulpsApart(got[i], want[i]) > 3 && math.Abs(float64(got[i]-want[i])) > 1e-37 {
+							t.Fatalf("%s n=%d: out[%d] = %g, reference %g (input %g)", v.name, n, i, got[i], want[i], x[i])
+						}
+						continue
+					}
+					g, w := f32ToF16(got[i]), f32ToF16(want[i])
+					if f16ToF32(g) != got[i] && !math.IsNaN(float64(got[i])) {
+						t.Fatalf("%s n=%d f16: out[%d] = %g is not an F16 value", v.name, n, i, got[i])
+					}
+					if d := int(g) - int(w); d > 1 || d < -1 {
+						t.Fatalf("%s n=%d f16: out[%d] = %g, reference %g (input %g)", v.name, n, i, got[i], want[i], x[i])
+					}
+				}
+			}
+		}
+		masked := []float32{float32(math.Inf(-1)), float32(math.Inf(-1))}
+		v.fn(masked, false)
+		if !math.IsNaN(float64(masked[0])) {
+			t.Fatalf("%s: all-masked row = %v, want NaN like the reference", v.name, masked)
+		}
+	}
+}

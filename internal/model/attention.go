@@ -33,8 +33,8 @@ import (
 //
 // The softmax is exact, not online (flash attention's running max): each
 // row's scores over every position it sees are held (tileRows x positions
-// floats per worker), get kernels.Softmax, and for an F16 cache the weights
-// are rounded to F16 before they meet the values, as ggml's non-flash path
+// floats per worker), get kernels.AttnSoftmax, which for an F16 cache
+// rounds the weights to F16 before they meet the values, as ggml's non-flash path
 // does (the llama.cpp goldens are recorded with it); an online softmax
 // rescales partial sums and cannot round the final weights.
 
@@ -477,10 +477,5 @@ func attnWeights(x []float32, softcap float32, f16 bool) {
 			x[k] = softcap * float32(math.Tanh(float64(v/softcap)))
 		}
 	}
-	kernels.Softmax(x)
-	if f16 {
-		for k, v := range x {
-			x[k] = roundF16(v)
-		}
-	}
+	kernels.AttnSoftmax(x, f16)
 }
