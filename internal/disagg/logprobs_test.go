@@ -15,6 +15,7 @@ import (
 
 	"github.com/pagewarden/pagewarden/internal/gateway"
 	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
+	"github.com/pagewarden/pagewarden/internal/node"
 	"github.com/pagewarden/pagewarden/internal/request"
 )
 
@@ -164,4 +165,49 @@ func replays(t *testing.T, srv *gateway.Server, result string) float64 {
 		}
 	}
 	return 0
+}
+
+// TestLocalQuarantineAnswer: the split remembers an answer's pages on the
+// prefill node that computed its prompt and the decode node that
+// generated it; asked after a mismatch, each names its pages and epochs
+// and withdraws those still alive (the prompt's pages in the prefill
+// node's prefix cache); an unknown answer has none.
+func TestLocalQuarantineAnswer(t *testing.T) {
+	o := nodeOptions()
+	o.PrefixCache = true
+	l := startLocal(t, LocalConfig{Node: o})
+	ctx := context.Background()
+	prompt := prompts(t, l.Prefills[0])[2] // over one page
+	owner := request.Owner{Tenant: "acme", ID: request.NewID()}
+	st, err := l.Submit(ctx, request.Params{Owner: owner, Prompt: prompt, MaxTokens: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	collectLogprobs(t, st)
+	got := l.QuarantineAnswer(ctx, owner)
+	nodes := map[string]int{}
+	for _, a := range got {
+		if len(a.Pages) == 0 {
+			t.Errorf("%s: no pages", a.Node)
+		}
+		nodes[a.Node] = a.Quarantined + a.Withdrawn
+	}
+	if _, ok := nodes["prefill-0"]; !ok {
+		t.Errorf("the prefill node does not account for the answer: %+v", got)
+	}
+	if _, ok := nodes["decode-0"]; !ok {
+		t.Errorf("the decode node does not account for the answer: %+v", got)
+	}
+	if full := len(prompt) / o.PageSize; nodes["prefill-0"] != full {
+		t.Errorf("prefill node withdrew %d pages, want the prompt's %d full pages in its cache", nodes["prefill-0"], full)
+	}
+	if a := l.QuarantineAnswer(ctx, request.Owner{Tenant: "acme", ID: request.NewID()}); len(a) != 0 {
+		t.Errorf("an unknown answer: %+v", a)
+	}
+	for _, n := range append(append([]*node.Node(nil), l.Prefills...), l.Decodes...) {
+		if _, err := n.Sched().ScrubQuarantined(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkBaseline(t, l)
 }

@@ -248,10 +248,13 @@ func (a *auditor) replay(ctx context.Context, j auditJob) {
 	a.count("mismatch")
 	// Never the text: positions and values say where to look; the
 	// request id and tenant say whose answer it was.
-	a.s.log.Error("replay audit mismatch: an answer's log-probabilities differ from its teacher-forced re-score on fresh pages",
-		"tenant", string(orig.Tenant), "request_id", orig.ID.String(), "first_difference_at", bad[0],
+	attrs := []any{"tenant", string(orig.Tenant), "request_id", orig.ID.String(), "first_difference_at", bad[0],
 		"positions", truncatedInts(bad, 32), "mismatched_positions", len(bad), "max_abs_delta_logprob", worst,
-		"tolerance", a.tol, "sent_tokens", len(j.tokens), "prompt_tokens", len(p.Prompt), "finish", j.finish)
+		"tolerance", a.tol, "sent_tokens", len(j.tokens), "prompt_tokens", len(p.Prompt), "finish", j.finish}
+	// The pages and epochs the answer's sequence held, those still alive
+	// withdrawn (pages in the log as node:page@epoch).
+	attrs = append(attrs, a.forensics(ctx, orig)...)
+	a.s.log.Error("replay audit mismatch: an answer's log-probabilities differ from its teacher-forced re-score on fresh pages", attrs...)
 }
 
 // truncatedInts is v, at most n of it, for a log line.
@@ -260,4 +263,47 @@ func truncatedInts(v []int, n int) []int { return v[:min(len(v), n)] }
 func (a *auditor) failed(orig request.Owner, err error) {
 	a.count("failed")
 	a.s.log.Warn("replay audit could not run", "tenant", string(orig.Tenant), "request_id", orig.ID.String(), "err", err)
+}
+
+// Forensics is implemented by a backend that remembers the pages its
+// ended answers' sequences held (kvcache keeps the last few thousand per
+// node): on a mismatch the audit asks it for the answer's pages and
+// epochs, for the ERROR line, and has it withdraw those still alive with
+// the same epoch (the same KV the suspect answer read: quarantined when
+// unreferenced, out of the prefix index when something reads them).
+type Forensics interface {
+	QuarantineAnswer(ctx context.Context, owner request.Owner) []AnswerPages
+}
+
+// AnswerPages is one node's account of an answer's pages.
+type AnswerPages struct {
+	Node string // "" on a single node
+	// Pages are "page@epoch", in the sequence's order.
+	Pages                  []string
+	Quarantined, Withdrawn int
+}
+
+// forensics asks the backend, if it can, for orig's pages, withdrawing
+// those still alive, and returns the log attributes that say so.
+func (a *auditor) forensics(ctx context.Context, orig request.Owner) []any {
+	f, ok := a.s.backend.(Forensics)
+	if !ok {
+		return []any{"pages", "unknown (the backend keeps no page record)"}
+	}
+	var pages []string
+	q, w := 0, 0
+	for _, n := range f.QuarantineAnswer(ctx, orig) {
+		for _, p := range n.Pages {
+			if n.Node != "" {
+				p = n.Node + ":" + p
+			}
+			pages = append(pages, p)
+		}
+		q += n.Quarantined
+		w += n.Withdrawn
+	}
+	if pages == nil {
+		return []any{"pages", "unknown (no node remembers the answer)"}
+	}
+	return []any{"pages", pages, "pages_quarantined", q, "pages_withdrawn_from_prefix_cache", w}
 }

@@ -180,6 +180,9 @@ type Pool struct {
 	st         counters
 	violations atomic.Uint64 // also bumped by Views on worker goroutines
 	keyBuf     []byte
+
+	// recent remembers the pages of the last ended sequences (forensics.go).
+	recent recentPages
 }
 
 // NewPool allocates the arenas and ledger of cfg.Pages pages. Under

@@ -217,6 +217,7 @@ func (p *Pool) end(s *Sequence, quarantine bool) {
 		_ = invariants.Failf("kvcache: release of a sequence of another pool (%v)", s.owner)
 		return
 	}
+	p.remember(s)
 	if quarantine {
 		p.quarantineSequence(s)
 		return

@@ -171,7 +171,9 @@ func TestReplayAuditCatchesContamination(t *testing.T) {
 			continue
 		}
 		lines++
-		for _, want := range []string{`"level":"ERROR"`, `"tenant":"b"`, `"request_id":"`, `"first_difference_at":`} {
+		// The pages and epochs the answer's sequence held, from the
+		// pool's record of ended sequences.
+		for _, want := range []string{`"level":"ERROR"`, `"tenant":"b"`, `"request_id":"`, `"first_difference_at":`, `"positions":[`, `"pages":["`, `"pages_quarantined":`} {
 			if !strings.Contains(l, want) {
 				t.Errorf("audit line lacks %s: %s", want, l)
 			}

@@ -80,6 +80,7 @@ const (
 	evImport
 	evCommit
 	evPages
+	evForensics
 )
 
 type event struct {
@@ -102,6 +103,7 @@ type event struct {
 	stats    chan NodeStats   // stats
 	scrub    chan scrubResult // scrub
 	pagemap  chan PageMap     // pages
+	answer   chan AnswerPages // forensics
 }
 
 type scrubResult struct {
@@ -540,6 +542,15 @@ func (n *Node) apply(ev event) {
 		ev.scrub <- scrubResult{k, err}
 	case evPages:
 		ev.pagemap <- n.core.PageMap(nil)
+	case evForensics:
+		var a AnswerPages
+		a.Pages, a.Quarantined, a.Withdrawn, a.Known = n.core.pool.QuarantineAnswer(ev.owner)
+		if a.Quarantined > 0 {
+			// The reaper's list (and its age) picks them up.
+			n.core.qDirty = true
+			n.core.watchQuarantine()
+		}
+		ev.answer <- a
 	}
 }
 
