@@ -212,13 +212,13 @@ type roleNode struct {
 func (r *roleNode) run(ctx context.Context) error {
 	return r.ms.untilLost(ctx, func(ctx context.Context) error {
 		if r.role == transfer.RolePrefill {
-			d, err := disagg.NewPrefill(disagg.PrefillConfig{Sched: r.n.Sched(), Layout: r.n.HandoffLayout(), Transport: r.ms.fenced(r.t), Logger: r.logger, Load: disagg.LoadOf(r.n)})
+			d, err := disagg.NewPrefill(disagg.PrefillConfig{Sched: r.n.Sched(), Layout: r.n.HandoffLayout(), Transport: r.nodeTransport(), Logger: r.logger, Load: disagg.LoadOf(r.n)})
 			if err != nil {
 				return err
 			}
 			return d.Run(ctx)
 		}
-		d, err := disagg.NewDecode(disagg.DecodeConfig{Sched: r.n.Sched(), Layout: r.n.HandoffLayout(), Transport: r.ms.fenced(r.t), Logger: r.logger, Load: disagg.LoadOf(r.n)})
+		d, err := disagg.NewDecode(disagg.DecodeConfig{Sched: r.n.Sched(), Layout: r.n.HandoffLayout(), Transport: r.nodeTransport(), Logger: r.logger, Load: disagg.LoadOf(r.n)})
 		if err != nil {
 			return err
 		}

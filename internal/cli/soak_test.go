@@ -27,10 +27,14 @@ const soakEnv = "PAGEWARDEN_SOAK"
 // decode nodes as OS processes on loopback with mutual TLS, eight tenants,
 // and the black-box probe's whole run against it — canaries in concurrent
 // copy tasks, window boundaries, an abort storm, determinism under load,
-// prefix-cache isolation, error hygiene and overload. It must end with no
-// failed check and no foreign canary, the replay audit finding nothing,
-// every must-be-zero counter at 0, and every node's pages back to
-// baseline.
+// prefix-cache isolation, error hygiene and overload — then handoff
+// faults (soak_faults_test.go): page frames dropped, duplicated and
+// delayed, prefill→decode links cut mid-handoff (the links go through a
+// proxy in this process), clients leaving, and a prefill node killed
+// mid-handoff. It must end with no failed check and no foreign canary,
+// every faulted request a clean error or serve's exact answer, the replay
+// audit finding nothing, every must-be-zero counter at 0, and every
+// surviving node's pages back to baseline.
 func TestCanarySoak(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts five processes and runs the probe")
@@ -72,7 +76,19 @@ func TestCanarySoak(t *testing.T) {
 	metricsAt := `metrics on http://(127\.0\.0\.1:\d+)/metrics`
 	d0, d1 := node("decode", "d0"), node("decode", "d1")
 	decodes := "d0=" + d0.await(t, linked) + ",d1=" + d1.await(t, linked)
-	p0, p1 := node("prefill", "p0", "--decode", decodes), node("prefill", "p1", "--decode", decodes)
+	// The prefill nodes reach the decode nodes through cuttable proxies,
+	// and follow a frame-fault plan (off until the fault phase).
+	proxies := []*faultProxy{startFaultProxy(t, d0.await(t, linked)), startFaultProxy(t, d1.await(t, linked))}
+	plan := filepath.Join(dir, "faults")
+	if err := os.WriteFile(plan, []byte("off"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	viaProxies := "d0=" + proxies[0].addr() + ",d1=" + proxies[1].addr()
+	faulty := func(name string) *proc {
+		args := append(append(append([]string{"prefill"}, common...), ident(name)...), "--link-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--decode", viaProxies)
+		return startProcEnv(t, name, []string{faultEnv + "=" + plan}, args...)
+	}
+	p0, p1 := faulty("p0"), faulty("p1")
 	prefills := "p0=" + p0.await(t, linked) + ",p1=" + p1.await(t, linked)
 	gw := startProc(t, "gw", append(append(append([]string{"gateway"}, common...), ident("gw")...),
 		"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--audit-rate", "1", "--audit-queue", "100000", "--config", config,
@@ -93,6 +109,10 @@ func TestCanarySoak(t *testing.T) {
 		t.Errorf("canaries: %+v, want no leak over at least %d trials", r.Leak, 8*trials)
 	}
 	t.Logf("probe: %d requests in %.1fs; leak %d/%d, 95%% upper bound %.4f", r.Requests, r.Seconds, r.Leak.Leaks, r.Leak.Trials, r.Leak.Upper95)
+
+	// Handoff faults, with the same tenants; p1 is killed on the way.
+	handoffFaults{url: url, keys: keys, plan: plan, proxies: proxies, prefills: []*proc{p0, p1}, victim: p1,
+		decodes: []string{d0.await(t, metricsAt), d1.await(t, metricsAt)}, requests: max(10, trials)}.run(t)
 
 	// The replays run after the answers they check: wait until they stop.
 	gwMetrics := gw.await(t, metricsAt)
@@ -123,7 +143,7 @@ func TestCanarySoak(t *testing.T) {
 			t.Errorf("gateway %s = %s", name, v)
 		}
 	}
-	for _, n := range []*proc{d0, d1, p0, p1} {
+	for _, n := range []*proc{d0, d1, p0} { // p1 was killed
 		addr := n.await(t, metricsAt)
 		waitPoolBack(t, n.name, addr, 30*time.Second)
 		for _, name := range []string{"pagewarden_aborted_but_completed_total", "pagewarden_sched_owner_mismatches_total", "pagewarden_invariant_violations_total"} {
