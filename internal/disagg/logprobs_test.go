@@ -211,3 +211,32 @@ func TestLocalQuarantineAnswer(t *testing.T) {
 	}
 	checkBaseline(t, l)
 }
+
+// TestReplayRunsElsewhere: an audit re-score (gateway.WithReplayOf) runs
+// on a prefill and a decode node other than those that generated its
+// answer, when the split has another of each.
+func TestReplayRunsElsewhere(t *testing.T) {
+	l := startLocal(t, LocalConfig{Prefill: 2, Decode: 2, Node: nodeOptions()})
+	ctx := context.Background()
+	prompt := prompts(t, l.Prefills[0])[1]
+	for i := range 4 {
+		orig := request.Owner{Tenant: "acme", ID: request.NewID()}
+		st, err := l.Submit(ctx, request.Params{Owner: orig, Prompt: prompt, MaxTokens: 3, Sampling: request.Sampling{Seed: uint64(i)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		collectLogprobs(t, st)
+		replay := request.Owner{Tenant: gateway.AuditTenant, ID: request.NewID()}
+		st, err = l.Submit(gateway.WithReplayOf(ctx, orig), request.Params{Owner: replay, Prompt: prompt, MaxTokens: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		collectLogprobs(t, st)
+		p1, d1, ok1 := l.servedOf(orig)
+		p2, d2, ok2 := l.servedOf(replay)
+		if !ok1 || !ok2 || p1 == p2 || d1 == d2 {
+			t.Errorf("answer on %s/%s, its re-score on %s/%s: want other nodes", p1, d1, p2, d2)
+		}
+	}
+	checkBaseline(t, l)
+}

@@ -102,6 +102,9 @@ type Router struct {
 	unacked map[abortKey]map[transfer.Peer]bool
 	fails   map[string]uint64
 	stopped bool
+	// served remembers which nodes ran the last requests (replay.go), so
+	// that an audit re-score can run elsewhere.
+	served servedBy
 
 	submitted, committed, succeeded, failed, refused atomic.Uint64
 	done                                             chan struct{}
@@ -168,6 +171,9 @@ type call struct {
 	decode  transfer.Peer
 	prefill transfer.Peer
 	tried   map[transfer.Peer]bool // decode nodes tried
+	// avoidDecode is the decode node an audit re-score should not run on
+	// (the one that generated the answer), if another can take it.
+	avoidDecode transfer.Peer
 	// prefillTried are the prefill nodes that refused or failed c's
 	// prompt (retryPrefill). Guarded by rt.mu.
 	prefillTried map[transfer.Peer]bool
@@ -219,7 +225,11 @@ func (rt *Router) Submit(ctx context.Context, p request.Params) (gateway.Stream,
 		rt.mu.Unlock()
 		return nil, fmt.Errorf("%w: duplicate request id", request.ErrInternal)
 	}
-	c.prefill = rt.pickPrefill(p, nil)
+	var avoid map[transfer.Peer]bool
+	if orig, ok := gateway.ReplayOf(ctx); ok {
+		avoid, c.avoidDecode = rt.elsewhere(orig)
+	}
+	c.prefill = rt.pickPrefill(p, avoid)
 	if c.prefill == "" {
 		rt.mu.Unlock()
 		return nil, fmt.Errorf("%w: no prefill node in the cluster", request.ErrOverloaded)
@@ -359,7 +369,7 @@ func (rt *Router) pickDecode(c *call) (transfer.Peer, bool) {
 	var best transfer.Peer
 	var bestWork, bestRoom int
 	for _, n := range rt.decode {
-		if c.tried[n] || rt.isDown(n) || rt.silent(n, now) {
+		if c.tried[n] || rt.isDown(n) || rt.silent(n, now) || n == c.avoidDecode {
 			continue
 		}
 		room, known := rt.room(n)
@@ -573,6 +583,7 @@ func (rt *Router) end(c *call, res request.Result) {
 	}
 	c.res = res
 	delete(rt.calls, c.owner)
+	rt.served.note(c.owner, c.prefill, c.decode)
 	rt.load[c.prefill]--
 	if c.decode != "" {
 		rt.pages[c.decode] -= c.pages

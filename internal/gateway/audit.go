@@ -39,6 +39,11 @@ import (
 // the first one it changes shows up here, whether or not it changed the
 // token drawn.
 //
+// Where the backend has several nodes (disagg's router), a re-score runs
+// on a prefill and a decode node other than those that generated the
+// answer when there is one (WithReplayOf), so that a node computing
+// wrongly cannot confirm its own answer.
+//
 // A replay runs as the reserved tenant AuditTenant (which no configured
 // tenant can be named: tenant ids start with a letter or digit), so it is
 // charged to no customer and counts against no customer's caps; at the
@@ -190,7 +195,7 @@ func (a *auditor) replay(ctx context.Context, j auditJob) {
 	// output constraint matters (logprobs are the raw distribution's).
 	// The stop tokens stay: a forced answer that ended on one ends there.
 	p.Sampling = request.Sampling{Seed: j.p.Sampling.Seed, Logprobs: true, TopLogprobs: auditTopK, Forced: j.tokens}
-	st, err := a.s.backend.Submit(ctx, p)
+	st, err := a.s.backend.Submit(WithReplayOf(ctx, orig), p)
 	if err != nil {
 		a.failed(orig, err)
 		return
@@ -306,4 +311,20 @@ func (a *auditor) forensics(ctx context.Context, orig request.Owner) []any {
 		return []any{"pages", "unknown (no node remembers the answer)"}
 	}
 	return []any{"pages", pages, "pages_quarantined", q, "pages_withdrawn_from_prefix_cache", w}
+}
+
+type replayOfKey struct{}
+
+// WithReplayOf marks ctx as the context of orig's audit re-score: a
+// backend with several nodes (disagg's router) runs it, where it can, on
+// nodes other than those that generated orig, so that a node computing
+// wrongly for its own reasons cannot confirm itself.
+func WithReplayOf(ctx context.Context, orig request.Owner) context.Context {
+	return context.WithValue(ctx, replayOfKey{}, orig)
+}
+
+// ReplayOf returns the answer a re-score submitted with ctx re-scores.
+func ReplayOf(ctx context.Context) (request.Owner, bool) {
+	o, ok := ctx.Value(replayOfKey{}).(request.Owner)
+	return o, ok
 }
