@@ -159,3 +159,21 @@ func attnSoftmaxRef(x []float32, f16 bool) {
 }
 
 var attnSoftmaxVariants = []variant[func(x []float32, f16 bool)]{{"ref", attnSoftmaxRef}}
+
+// RoundF16s rounds each element of x to the nearest F16 value (ties to
+// even) in place, as ggml rounds an F32 operand it multiplies with an F16
+// matrix (the queries of attention over an F16 cache).
+func RoundF16s(x []float32) {
+	if len(x) == 0 {
+		return
+	}
+	pick(roundF16sVariants, tier)(x)
+}
+
+func roundF16sRef(x []float32) {
+	for i, v := range x {
+		x[i] = f16ToF32(f32ToF16(v))
+	}
+}
+
+var roundF16sVariants = []variant[func(x []float32)]{{"ref", roundF16sRef}}

@@ -18,10 +18,12 @@ func init() {
 	if hasAVX2 {
 		attnGemmVariants = append(attnGemmVariants, variant[attnGemmFn]{"avx2", attnGemmAVX2})
 		attnSoftmaxVariants = append(attnSoftmaxVariants, variant[func([]float32, bool)]{"avx2", attnSoftmaxAVX2})
+		roundF16sVariants = append(roundF16sVariants, variant[func([]float32)]{"avx2", func(x []float32) { roundF16sSIMD(x, 8, attnScaleAVX2) }})
 	}
 	if hasAVX512 {
 		attnGemmVariants = append(attnGemmVariants, variant[attnGemmFn]{"avx512", attnGemmAVX512})
 		attnSoftmaxVariants = append(attnSoftmaxVariants, variant[func([]float32, bool)]{"avx512", attnSoftmaxAVX512})
+		roundF16sVariants = append(roundF16sVariants, variant[func([]float32)]{"avx512", func(x []float32) { roundF16sSIMD(x, 16, attnScaleAVX512) }})
 	}
 }
 
@@ -73,4 +75,14 @@ func attnSoftmaxAVX512(x []float32, f16 bool) {
 
 func attnSoftmaxAVX2(x []float32, f16 bool) {
 	attnSoftmaxSIMD(x, f16, 8, attnMaxAVX2, expSubAVX2, attnSumAVX2, attnScaleAVX2)
+}
+
+// roundF16sSIMD rounds the whole vectors of x with a scaling kernel (by 1,
+// which is exact) and the tail in Go.
+func roundF16sSIMD(x []float32, lanes int, scaleFn func(*float32, int, float32, int)) {
+	v := len(x) &^ (lanes - 1)
+	if v > 0 {
+		scaleFn(&x[0], v, 1, 1)
+	}
+	roundF16sRef(x[v:])
 }

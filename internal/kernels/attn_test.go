@@ -222,3 +222,32 @@ func TestAttnSoftmaxVariants(t *testing.T) {
 		}
 	}
 }
+
+// TestRoundF16sVariants: every RoundF16s implementation gives exactly the
+// reference's F16 round trip (nearest even, overflow to Inf, subnormals,
+// NaN kept NaN) for every tail length.
+func TestRoundF16sVariants(t *testing.T) {
+	rng := newRand(75)
+	for _, v := range roundF16sVariants {
+		for _, n := range testLengths() {
+			x := specialF32(rng, n)
+			for i := range x {
+				switch rng.IntN(4) {
+				case 0:
+					x[i] *= 1e-5 // F16 subnormal range
+				case 1:
+					x[i] *= 3e4 // near and past the F16 maximum
+				}
+			}
+			got := append([]float32(nil), x...)
+			want := append([]float32(nil), x...)
+			v.fn(got)
+			roundF16sRef(want)
+			for i := range want {
+				if math.Float32bits(got[i]) != math.Float32bits(want[i]) && !(got[i] != got[i] && want[i] != want[i]) {
+					t.Fatalf("%s n=%d: round(%g) = %g, reference %g", v.name, n, x[i], got[i], want[i])
+				}
+			}
+		}
+	}
+}

@@ -341,13 +341,10 @@ func (j *attnJob) tile(tl *attnTile, kvh, blk int, b *attnBuf) {
 	for tk := tok0; tk < tok1; tk++ {
 		src := s.qkv[(tl.row0+tk)*stride+kvh*gw : (tl.row0+tk)*stride+(kvh+1)*gw]
 		dst := b.q[(tk-tok0)*gw : (tk-tok0+1)*gw]
-		if f16 {
-			for d, x := range src {
-				dst[d] = roundF16(x)
-			}
-		} else {
-			copy(dst, src)
-		}
+		copy(dst, src)
+	}
+	if f16 {
+		kernels.RoundF16s(b.q[:rows*hd])
 	}
 
 	// Columns [c0, c0+cols) of the pack hold every position a row of the
@@ -406,12 +403,15 @@ func (j *attnJob) decode(task int, b *attnBuf) {
 	gp := (group + 15) &^ 15
 	b.q = grow(b.q, hd*gp)
 	clear(b.q)
-	q := s.qkv[r*stride+kvh*gw : r*stride+(kvh+1)*gw]
+	// (b.o holds the rows meanwhile, rounded to F16 for an F16 cache.)
+	b.o = grow(b.o, gw)
+	q := b.o
+	copy(q, s.qkv[r*stride+kvh*gw:r*stride+(kvh+1)*gw])
+	if f16 {
+		kernels.RoundF16s(q)
+	}
 	for g := range group {
 		for d, x := range q[g*hd : (g+1)*hd] {
-			if f16 {
-				x = roundF16(x)
-			}
 			b.q[d*gp+g] = x
 		}
 	}
