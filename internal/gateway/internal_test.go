@@ -108,6 +108,7 @@ func FuzzChatRequest(f *testing.F) {
 		`{"messages":[{"role":"user","content":"x"}],"logit_bias":{"5":-100,"07":3},"stop_token_ids":[3],"ignore_eos":true,"presence_penalty":-2}`,
 		`{"messages":[{"role":"user","content":"x"}],"tool_choice":"none","response_format":{"type":"text"},"modalities":["text"],"n":1.0}`,
 		`{"messages":[],"n":2}`, `[]`, `{"messages":[{"role":"user","content":"\ud800"}]}`, "{\"messages\":\"\xff\"}",
+		`{"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":20}`, `{"messages":[{"role":"user","content":"x"}],"top_logprobs":1}`,
 		`{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"a","strict":true,"schema":{"type":"object","properties":{"a":{"enum":[1,"b"]}},"required":["a"],"additionalProperties":false}}}}`,
 		`{"messages":[{"role":"user","content":"x"}],"guided_json":"{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/x\"},\"$defs\":{\"x\":{\"type\":[\"string\",\"null\"]}}}"}`,
 		`{"messages":[{"role":"user","content":"x"},{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"c","content":"r"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"tool_choice":"required","parallel_tool_calls":false}`,
@@ -148,6 +149,7 @@ func FuzzChatRequest(f *testing.F) {
 		if (g.sampling.Grammar != nil) != (g.constraint != "") || g.toolCall && g.sampling.Grammar.Spec().Kind != grammar.ToolCall {
 			t.Fatalf("constraint %v from %q, tool call %v", g.sampling.Grammar, g.constraint, g.toolCall)
 		}
+		checkLogprobParams(t, g)
 	})
 }
 
@@ -155,6 +157,7 @@ func FuzzCompletionRequest(f *testing.F) {
 	for _, s := range []string{
 		`{"prompt":"once","max_tokens":16,"stop":"x"}`, `{"prompt":[1,2,3]}`, `{"prompt":[[1,2]]}`, `{"prompt":["a"]}`,
 		`{"prompt":["a","b"]}`, `{"prompt":[[1],[2,3]],"n":3,"echo":true}`, `{"prompt":[-1]}`, `{"prompt":"x","logprobs":1}`, `{"prompt":null}`, `7`,
+		`{"prompt":"x","logprobs":20,"best_of":3,"n":2}`, `{"prompt":["a","b"],"best_of":64}`, `{"prompt":"x","logprobs":2,"echo":true}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -179,7 +182,26 @@ func FuzzCompletionRequest(f *testing.F) {
 		if g.sampling.Temperature < 0 || g.sampling.Temperature > 2 {
 			t.Fatalf("temperature %v", g.sampling.Temperature)
 		}
+		checkLogprobParams(t, g)
+		// best_of: n = best_of candidates, keep the n asked for, never
+		// streamed, never echo with logprobs.
+		if g.keep < 0 || (g.keep > 0 && (g.keep >= g.n || g.stream || !g.sampling.Logprobs)) || (g.echo && g.logprobs) {
+			t.Fatalf("accepted best_of/echo %+v", g)
+		}
 	})
+}
+
+// checkLogprobParams: whatever the parser accepts, the engine is asked
+// for at most request.MaxTopLogprobs alternatives, at least what the
+// response shows, and only when something needs them.
+func checkLogprobParams(t *testing.T, g genParams) {
+	t.Helper()
+	s := g.sampling
+	if g.topLogprobs < 0 || g.topLogprobs > request.MaxTopLogprobs || (g.topLogprobs > 0 && !g.logprobs) ||
+		s.TopLogprobs < g.topLogprobs || s.TopLogprobs > request.MaxTopLogprobs || (g.logprobs && !s.Logprobs) ||
+		(s.Logprobs && !g.logprobs && g.keep == 0) || s.Forced != nil {
+		t.Fatalf("logprobs: shown %v/%d, asked %v/%d (keep %d, forced %v)", g.logprobs, g.topLogprobs, s.Logprobs, s.TopLogprobs, g.keep, s.Forced)
+	}
 }
 
 // FuzzCharge drives the admission arithmetic with arbitrary client and
