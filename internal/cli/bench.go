@@ -37,7 +37,9 @@ its repetitions interleaved with pagewarden's, and prints the ratios:
   pagewarden bench -m builtin:135m-q8_0 --llama-bench ~/llama.cpp/build/bin/llama-bench
 Before the tests of each thread count it measures the machine's streaming
 read bandwidth with that many threads (a SIMD sum over --bw-mib MiB, far
-beyond the last-level cache, best of 5 passes), and every decode row gives
+beyond the last-level cache; the best pass of 5 before the tests and 2 after
+every round of a decode test, so a loaded machine's slow spells do not
+inflate the shares), and every decode row gives
 the bytes it read per second (weights as the kernels store them, plus the
 keys and values each token attends to) and their share of that bound.
 --batch measures batched decode instead of pp/tg, the workload of
@@ -156,10 +158,40 @@ tokens/s (B*n / decode time, llama-batched-bench's S_TG):
 				if err != nil {
 					return err
 				}
-				var bw float64 // bytes/s with t threads, 0 if not measured
-				if bwBuf != nil {
-					bw = kernels.ReadBandwidth(eng.Compute, bwBuf, 5)
-					bwLines = append(bwLines, fmt.Sprintf("%d\t%.1f\t", t, bw/1e9))
+				// bw is the best streaming read rate seen with t threads (0
+				// if not measured): measured before the tests and again after
+				// every round of a decode test, since a loaded machine's
+				// slow spells would otherwise inflate every share of it.
+				var bw float64
+				sampleBW := func(passes int) {
+					if bwBuf != nil {
+						bw = max(bw, kernels.ReadBandwidth(eng.Compute, bwBuf, passes))
+					}
+				}
+				sampleBW(5)
+				// The rows of this thread count wait for the final bw.
+				type pendingRow struct {
+					tier, test     string
+					lo, hi, perTok float64
+				}
+				var pending []pendingRow
+				flush := func() {
+					for _, r := range pending {
+						gbs, share := "-", "-"
+						if r.perTok > 0 {
+							gbs = fmt.Sprintf("%.1f", r.perTok*r.hi/1e9)
+							if bw > 0 && r.tier != "llama.cpp" {
+								share = fmt.Sprintf("%.0f%%", 100*r.perTok*r.hi/bw)
+							}
+						}
+						if r.tier == "llama.cpp" {
+							gbs = "-"
+						}
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%.1f\t%.1f-%.1f\t%s\t%s\t\n", m.Name, m.WeightType, r.tier, t, r.test, r.hi, r.lo, r.hi, gbs, share)
+					}
+					if bwBuf != nil {
+						bwLines = append(bwLines, fmt.Sprintf("%d\t%.1f\t", t, bw/1e9))
+					}
 				}
 				// Warm-up: touch every weight once.
 				if _, err := eng.Bench(8, 2); err != nil {
@@ -193,21 +225,16 @@ tokens/s (B*n / decode time, llama-batched-bench's S_TG):
 							}
 							theirs = append(theirs, v)
 						}
+						if perTok > 0 {
+							sampleBW(2)
+						}
 					}
 					for k, tier := range tierList {
-						lo, hi := slices.Min(rates[k]), slices.Max(rates[k])
-						gbs, share := "-", "-"
-						if perTok > 0 {
-							gbs = fmt.Sprintf("%.1f", perTok*hi/1e9)
-							if bw > 0 {
-								share = fmt.Sprintf("%.0f%%", 100*perTok*hi/bw)
-							}
-						}
-						fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%.1f\t%.1f-%.1f\t%s\t%s\t\n", m.Name, m.WeightType, tier, t, test, hi, lo, hi, gbs, share)
+						pending = append(pending, pendingRow{tier, test, slices.Min(rates[k]), slices.Max(rates[k]), perTok})
 					}
 					if other != nil {
 						lo, hi := slices.Min(theirs), slices.Max(theirs)
-						fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%.1f\t%.1f-%.1f\t-\t-\t\n", m.Name, m.WeightType, "llama.cpp", t, test, hi, lo, hi)
+						pending = append(pending, pendingRow{"llama.cpp", test, lo, hi, perTok})
 						for k, tier := range tierList {
 							ratios = append(ratios, fmt.Sprintf("%s\t%d\t%s\t%.2f\t", tier, t, test, slices.Max(rates[k])/hi))
 						}
@@ -233,6 +260,7 @@ tokens/s (B*n / decode time, llama-batched-bench's S_TG):
 						}
 					}
 					eng.Close()
+					flush()
 					continue
 				}
 				for _, p := range ps {
@@ -255,12 +283,13 @@ tokens/s (B*n / decode time, llama-batched-bench's S_TG):
 				if err != nil {
 					return err
 				}
+				flush()
 			}
 			if err := tw.Flush(); err != nil {
 				return err
 			}
 			if len(bwLines) > 0 {
-				fmt.Fprintf(cmd.OutOrStdout(), "\nstreaming read bandwidth (%d MiB, best of 5 passes; \"of bound\" above is GB/s over this):\n", bwMiB)
+				fmt.Fprintf(cmd.OutOrStdout(), "\nstreaming read bandwidth (%d MiB, best pass before the tests and after each round of decode; \"of bound\" above is GB/s over this):\n", bwMiB)
 				tw = tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', tabwriter.AlignRight)
 				fmt.Fprintf(tw, "threads\tGB/s\t\n")
 				for _, l := range bwLines {
