@@ -42,7 +42,9 @@ tenants), and judge what comes back:
   errors        malformed requests: a 4xx with OpenAI's JSON error, no traces
   overload      a burst: complete 200s, or 429/503 with Retry-After
 
-The window is max_model_len from /v1/models or /tokenize, or --window.
+The window is max_model_len from /v1/models or /tokenize, n_ctx from
+llama.cpp's /props, or --window. /tokenize is read in vLLM's form or
+llama.cpp's; without it the boundary uses text lengths.
 Progress goes to stderr, the summary to stdout, the full report with evidence
 to --json. Keys never appear in either (a key is named by its position).
 The exit code is 1 when a check fails.`,
@@ -99,6 +101,7 @@ The exit code is 1 when a check fails.`,
 	f.IntVar(&cfg.PageSize, "page-size", 16, "KV page (block) size in tokens, for the window+page boundary")
 	f.IntVar(&cfg.Trials, "trials", 0, "canary copy tasks per key (default 40, 6 with --quick)")
 	f.BoolVar(&cfg.Quick, "quick", false, "fewer trials and a smaller burst: a smoke check in seconds")
+	f.BoolVar(&cfg.OneTenant, "one-tenant", false, "the keys are one tenant to the server (llama.cpp's server: keys but no tenants), or one key is given: canaries then test isolation between requests, and prefix-cache is not applicable")
 	f.StringVar(&jsonPath, "json", "", "write the full report with evidence as JSON to this file")
 	f.DurationVar(&cfg.Timeout, "request-timeout", 2*time.Minute, "deadline of each request (longer than the server's own queue limit, so that it answers first)")
 	f.DurationVar(&maxDuration, "max-duration", 30*time.Minute, "deadline of the whole probe")

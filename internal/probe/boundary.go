@@ -91,6 +91,17 @@ func (p *prober) judgeLength(c *Check, e *exchange, n int, fits bool) {
 		if e.text != "" || e.events > 0 {
 			what += fmt.Sprintf(" and %d bytes of generated text", len(e.text))
 		}
+		switch {
+		case e.streamErr && e.text == "":
+			// Refused, but only after a 200 and the stream's headers: a
+			// client that trusts the status sees success.
+			what += ", then refused it with an error event inside the stream (no token)"
+		case e.usage != nil && e.usage.PromptTokens > 1 && e.usage.PromptTokens < n:
+			what += ": the server cut the prompt to fit instead of refusing it, and answered a prompt that was not sent"
+			if strings.HasPrefix(p.server, "llama.cpp") {
+				what += " (llama.cpp's context shift; --no-context-shift makes it refuse)"
+			}
+		}
 		c.fail(e.evidence(what, nil))
 	case e.status < 400 || e.status >= 500:
 		c.fail(e.evidence(fmt.Sprintf("a %d-token prompt over the window answered %d, not a 4xx", n, e.status), nil))
@@ -107,24 +118,23 @@ func (p *prober) judgeLength(c *Check, e *exchange, n int, fits bool) {
 // server's own /tokenize count for the same text.
 func (p *prober) tokenizeCount(ctx context.Context, c *Check) {
 	text := "Count me. " + pad(min(p.promptBytes(), max(p.window-8, 8)))
-	b, _ := json.Marshal(map[string]any{"model": p.model, "prompt": text})
-	t := p.send(ctx, &exchange{key: 0, method: http.MethodPost, path: "/tokenize", body: b, desc: fmt.Sprintf("POST /tokenize (%d bytes)", len(text))})
-	var tok struct {
-		Count int `json:"count"`
-	}
-	if t.status != http.StatusOK || json.Unmarshal(t.raw, &tok) != nil || tok.Count < 1 {
+	// With the special tokens (a BOS) that a completion's text prompt
+	// gets too.
+	t := p.send(ctx, tokenizeExchange(p.tok, p.model, text, true))
+	_, count, _, err := parseTokenize(t.raw)
+	if t.status != http.StatusOK || err != nil || count < 1 {
 		c.fail(t.evidence("/tokenize did not count a plain text", nil))
 		return
 	}
-	if tok.Count >= p.window {
+	if count >= p.window {
 		return // cannot happen with a byte-or-more-per-token tokenizer
 	}
 	for _, stream := range []bool{false, true} {
 		e := p.sendRetry(ctx, func() *exchange {
-			return newCompletion(0, p.model, text, 1, stream, nil, 0, fmt.Sprintf("text prompt (%d bytes, /tokenize: %d tokens)", len(text), tok.Count))
+			return newCompletion(0, p.model, text, 1, stream, nil, 0, fmt.Sprintf("text prompt (%d bytes, /tokenize: %d tokens)", len(text), count))
 		})
 		c.Requests++
-		p.judgeLength(c, e, tok.Count, true)
+		p.judgeLength(c, e, count, true)
 	}
 }
 

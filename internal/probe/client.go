@@ -36,6 +36,10 @@ type exchange struct {
 	// request was sent: a response can only leak those.
 	foreign   int
 	maxTokens int
+	// optional: a look at an endpoint outside the OpenAI API (/tokenize,
+	// /props) that the server may not have; its error answer is held to
+	// the no-trace rule but not to OpenAI's error shape.
+	optional bool
 
 	status int
 	header http.Header
@@ -48,6 +52,7 @@ type exchange struct {
 	text      string
 	finish    string
 	usage     *usage
+	timings   *timings // llama.cpp's, for its cache count
 	events    int
 	done      bool
 	streamErr bool
@@ -84,8 +89,9 @@ type chunk struct {
 		} `json:"delta"`
 		FinishReason *string `json:"finish_reason"`
 	} `json:"choices"`
-	Usage *usage          `json:"usage"`
-	Error json.RawMessage `json:"error"`
+	Usage   *usage          `json:"usage"`
+	Timings *timings        `json:"timings"`
+	Error   json.RawMessage `json:"error"`
 }
 
 // add folds one parsed body or event into e.
@@ -105,6 +111,9 @@ func (e *exchange) add(c *chunk) {
 	}
 	if c.Usage != nil {
 		e.usage = c.Usage
+	}
+	if c.Timings != nil {
+		e.timings = c.Timings
 	}
 	if len(c.Error) > 0 && string(c.Error) != "null" {
 		e.streamErr = true
@@ -203,6 +212,13 @@ func (e *exchange) readStream(r io.Reader, start time.Time, cancel func()) {
 		raw.WriteByte('\n')
 		data, ok := bytes.CutPrefix(line, []byte("data:"))
 		if !ok {
+			// llama.cpp's server reports a failure inside a stream as a
+			// line "error: {…}" of its own making (not an SSE field, so
+			// a browser would drop it): read it as the error event it is
+			// meant to be, so the failure counts as owned up to.
+			if b, isErr := bytes.CutPrefix(line, []byte("error:")); isErr && json.Valid(bytes.TrimSpace(b)) {
+				e.streamErr = true
+			}
 			continue
 		}
 		data = bytes.TrimSpace(data)

@@ -13,11 +13,13 @@ import (
 
 // prefixCache: a key's repeated prompt reports cached tokens; the same
 // prompt from another key reports none. Both directions between the first
-// two keys.
+// two keys. The count is usage.prompt_tokens_details.cached_tokens, or,
+// from llama.cpp's server, the prompt tokens it did not evaluate.
 func (p *prober) prefixCache(ctx context.Context) Check {
 	p.progress.phase("prefix-cache isolation")
 	c := Check{Name: "prefix-cache", Verdict: Pass}
-	hits := 0
+	hits, crossHits := 0, 0
+	source := ""
 	nums := map[string]any{}
 	for _, pair := range [][2]int{{0, 1}, {1, 0}} {
 		owner, other := pair[0], pair[1]
@@ -39,25 +41,47 @@ func (p *prober) prefixCache(ctx context.Context) Check {
 		if !answered {
 			continue // this direction has nothing to compare
 		}
+		firstN, _ := first.cachedTokens()
+		againN, src := again.cachedTokens()
+		foreignN, _ := foreign.cachedTokens()
+		source = orElse(source, src)
 		pre := fmt.Sprintf("key%d_", owner)
-		nums[pre+"first_cached"], nums[pre+"again_cached"], nums[pre+"other_key_cached"] = first.usage.cached(), again.usage.cached(), foreign.usage.cached()
+		nums[pre+"first_cached"], nums[pre+"again_cached"], nums[pre+"other_key_cached"] = firstN, againN, foreignN
 		nums[pre+"first_ms"], nums[pre+"again_ms"], nums[pre+"other_key_ms"] = ms(first.elapsed), ms(again.elapsed), ms(foreign.elapsed)
-		if again.usage.cached() > 0 {
+		if againN > 0 {
 			hits++
 		}
-		if n := foreign.usage.cached(); n > 0 {
-			c.fail(foreign.evidence(fmt.Sprintf("key %d's first request for key %d's prompt reported %d cached tokens: it hit another tenant's cache", other, owner, n), nil))
+		if foreignN > 0 {
+			crossHits++
+			if !p.cfg.OneTenant {
+				c.fail(foreign.evidence(fmt.Sprintf("key %d's first request for key %d's prompt reported %d cached tokens (%s): it hit another tenant's cache", other, owner, foreignN, src), nil))
+			}
 		}
+	}
+	if source != "" {
+		nums["cached_from"] = source
 	}
 	c.Numbers = nums
 	switch {
+	case c.Verdict == Fail && crossHits > 0:
+		c.Reason = "a prompt reported cached tokens from another key's cache"
+		if strings.HasPrefix(p.server, "llama.cpp") {
+			c.Reason += " (llama.cpp's server has no tenants: every key shares its slots' caches; say --one-tenant if the keys are one tenant)"
+		}
 	case c.Verdict == Fail:
-		c.Reason = "a prompt reported cached tokens from another key's cache (or a cache request failed)"
+		c.Reason = "a cache request failed"
+	case p.cfg.OneTenant:
+		// Never a pass: two keys of one tenant may share a cache.
+		c.Verdict = Skip
+		c.Reason = fmt.Sprintf("not applicable: the keys are one tenant to the server, so sharing its cache is by design (the other key's request hit the cache in %d of 2 directions)", crossHits)
+	case source == "":
+		c.Verdict = Skip
+		c.Reason = "the answers do not say how many prompt tokens came from a cache (no usage.prompt_tokens_details.cached_tokens, no llama.cpp timings): isolation cannot be seen from outside"
 	case hits == 0:
 		c.Verdict = Skip
-		c.Reason = "a repeated prompt reported no cached tokens (no prefix cache, or no usage.prompt_tokens_details.cached_tokens): isolation cannot be seen from outside"
+		c.Reason = fmt.Sprintf("a repeated prompt reported no cached tokens (%s): no prefix cache to isolate, or it missed", source)
 	default:
-		c.Reason = "a key's repeated prompt hits its cache; the same prompt from another key does not"
+		c.Reason = fmt.Sprintf("a key's repeated prompt hits its cache; the same prompt from another key does not (%s)", source)
 	}
 	return c
 }
@@ -100,13 +124,17 @@ func (p *prober) errorHygiene(ctx context.Context) Check {
 	p.mu.Lock()
 	all := append([]*exchange(nil), p.all...)
 	p.mu.Unlock()
-	errs := 0
+	errs, optional := 0, 0
 	for _, e := range all {
 		if e.status < 400 {
 			continue
 		}
 		errs++
-		if why := errorShape(e.raw); why != "" {
+		if m := traceIn(e.raw); e.optional && m != "" {
+			c.fail(e.evidence(fmt.Sprintf("%d: the error body holds %q, a piece of a stack trace or an internal path", e.status, m), nil))
+		} else if e.optional {
+			optional++ // not an OpenAI endpoint: its shape is the server's own
+		} else if why := errorShape(e.raw); why != "" {
 			c.fail(e.evidence(fmt.Sprintf("%d: %s", e.status, why), nil))
 		} else if m := traceIn(e.raw); m != "" {
 			c.fail(e.evidence(fmt.Sprintf("%d: the error body holds %q, a piece of a stack trace or an internal path", e.status, m), nil))
@@ -115,8 +143,14 @@ func (p *prober) errorHygiene(ctx context.Context) Check {
 		}
 	}
 	c.Numbers = map[string]any{"error_answers": errs}
+	if optional > 0 {
+		c.Numbers["non_openai_endpoint_errors"] = optional
+	}
 	if c.Verdict == Pass {
-		c.Reason = fmt.Sprintf("%d malformed requests refused with a 4xx; all %d error answers of the run are OpenAI-shaped JSON without traces", len(cases), errs)
+		c.Reason = fmt.Sprintf("%d malformed requests refused with a 4xx; all %d error answers of the run are OpenAI-shaped JSON without traces", len(cases), errs-optional)
+		if optional > 0 {
+			c.Reason += fmt.Sprintf(" (and %d error answers of endpoints outside the OpenAI API, /tokenize or /props, without traces)", optional)
+		}
 	} else {
 		c.Reason = fmt.Sprintf("%d error answers are wrong", len(c.Evidence))
 	}

@@ -19,16 +19,20 @@ const canaryLen = 24
 // while a third of a secret copied out of place is still found.
 const ngram = 10
 
-// canarySet holds every secret sent, by key.
+// canarySet holds every secret sent, by key. A secret is foreign to a
+// response when the request it answers did not carry it: another key's
+// secret is a leak between tenants, and another request's secret of the
+// same key a leak between requests (the only kind a server without
+// tenants can show, and the incident's kind all the same: the placeholder
+// read pages another sequence had written).
 type canarySet struct {
 	mu     sync.Mutex
-	owner  map[string]int // secret -> key
-	perKey map[int]int    // key -> secrets minted
-	pieces map[string]int // every ngram of every secret -> key
+	owner  map[string]int    // secret -> key
+	pieces map[string]string // every ngram of every secret -> the secret
 }
 
 func newCanarySet() *canarySet {
-	return &canarySet{owner: map[string]int{}, perKey: map[int]int{}, pieces: map[string]int{}}
+	return &canarySet{owner: map[string]int{}, pieces: map[string]string{}}
 }
 
 // mint makes and records a fresh secret for key.
@@ -37,9 +41,8 @@ func (s *canarySet) mint(key int) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.owner[c] = key
-	s.perKey[key]++
 	for i := 0; i+ngram <= len(c); i++ {
-		s.pieces[c[i:i+ngram]] = key
+		s.pieces[c[i:i+ngram]] = c
 	}
 	return c
 }
@@ -63,29 +66,37 @@ func normalize(b []byte) []byte {
 	return out
 }
 
-// foreign returns the first secret of a key other than key found in b.
-func (s *canarySet) foreign(key int, b []byte) (hit, bool) {
+// foreign returns the first secret found in b that req, the body of the
+// request b answers, does not hold.
+func (s *canarySet) foreign(req, b []byte) (hit, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for c, o := range s.owner {
-		if o != key && bytes.Contains(b, []byte(c)) {
+		if bytes.Contains(b, []byte(c)) && !bytes.Contains(req, []byte(c)) {
 			return hit{owner: o, exact: true, piece: c}, true
 		}
 	}
 	n := normalize(b)
 	for i := 0; i+ngram <= len(n); i++ {
-		if o, ok := s.pieces[string(n[i:i+ngram])]; ok && o != key {
-			return hit{owner: o, piece: string(n[i : i+ngram])}, true
+		if c, ok := s.pieces[string(n[i:i+ngram])]; ok && !bytes.Contains(req, []byte(c)) {
+			return hit{owner: s.owner[c], piece: string(n[i : i+ngram])}, true
 		}
 	}
 	return hit{}, false
 }
 
-// foreignTo is the number of secrets minted so far for keys other than key.
-func (s *canarySet) foreignTo(key int) int {
+// foreignTo is the number of secrets minted so far that req does not hold.
+func (s *canarySet) foreignTo(req []byte) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.owner) - s.perKey[key]
+	own := map[string]bool{}
+	// Secrets are letters and digits, so they stand whole in a JSON body.
+	for i := 0; i+canaryLen <= len(req); i++ {
+		if c, ok := s.pieces[string(req[i:i+ngram])]; ok && string(req[i:i+canaryLen]) == c {
+			own[c] = true
+		}
+	}
+	return len(s.owner) - len(own)
 }
 
 func (s *canarySet) len() int {
@@ -319,13 +330,13 @@ func (p *prober) canaryCheck(load *loadResult) (Check, Leak) {
 			trials++
 		}
 		found := false
-		if h, ok := p.canaries.foreign(e.key, e.raw); ok {
+		if h, ok := p.canaries.foreign(e.body, e.raw); ok {
 			found = true
 			c.fail(e.evidence(describeHit(e, h, "body"), excerpt(e.raw, h.piece)))
 		}
 		for _, name := range sortedKeys(e.header) {
 			line := []byte(name + ": " + strings.Join(e.header[name], ", "))
-			if h, ok := p.canaries.foreign(e.key, line); ok {
+			if h, ok := p.canaries.foreign(e.body, line); ok {
 				found = true
 				c.fail(e.evidence(describeHit(e, h, "header "+name), line))
 			}
@@ -352,10 +363,13 @@ func (p *prober) canaryCheck(load *loadResult) (Check, Leak) {
 		c.Verdict = Skip
 		c.Reason = fmt.Sprintf("only %d of %d copy tasks were answered with a 200; no foreign secret in %d responses", answered, len(load.trials), trials)
 	case c.Verdict == Pass:
-		c.Reason = fmt.Sprintf("no foreign secret in %d responses (bodies, stream events, headers) holding %d secrets; leak rate ≤ %s (95%% upper bound)",
+		c.Reason = fmt.Sprintf("no foreign secret (another key's or another request's) in %d responses (bodies, stream events, headers) holding %d secrets; leak rate ≤ %s (95%% upper bound)",
 			trials, p.canaries.len(), percent(leak.Upper95))
 	default:
-		c.Reason = fmt.Sprintf("%d of %d responses hold another key's secret", leaks, trials)
+		c.Reason = fmt.Sprintf("%d of %d responses hold a secret that their request did not carry", leaks, trials)
+	}
+	if p.cfg.OneTenant {
+		c.Reason += " [the keys are one tenant to the server: this is isolation between requests, not between tenants]"
 	}
 	return c, leak
 }
@@ -365,7 +379,11 @@ func describeHit(e *exchange, h hit, where string) string {
 	if h.exact {
 		kind = "the whole"
 	}
-	return fmt.Sprintf("%s of key %d's answer holds %s secret %q of key %d", where, e.key, kind, h.piece, h.owner)
+	whose := fmt.Sprintf("of key %d", h.owner)
+	if h.owner == e.key {
+		whose = "of another request of the same key"
+	}
+	return fmt.Sprintf("%s of key %d's answer holds %s secret %q %s", where, e.key, kind, h.piece, whose)
 }
 
 // excerpt is the part of b around piece (or b's start).

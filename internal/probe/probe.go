@@ -43,6 +43,13 @@ type Config struct {
 	// usual server-side queue limit (a minute), so that a server that is
 	// full answers 503 before the probe gives up and calls it no answer.
 	Timeout time.Duration
+	// OneTenant says that the keys are one tenant to the server: it has
+	// keys but no tenants (llama.cpp's server: every key of --api-key-file
+	// opens the same slots and cache), or it has one key, given twice or
+	// once. The canaries then test isolation between requests, not
+	// tenants, and prefix-cache sharing between keys is by design, so that
+	// check is not applicable.
+	OneTenant bool
 	// HTTPClient is used for every request; nil makes one.
 	HTTPClient *http.Client
 	// Progress receives progress lines while the probe runs; nil: none.
@@ -57,16 +64,21 @@ func (c *Config) Validate() error {
 	}
 	c.URL = strings.TrimRight(c.URL, "/")
 	c.URL = strings.TrimSuffix(c.URL, "/v1")
+	if c.OneTenant && len(c.Keys) == 1 {
+		// One key plays both clients: the probe still tells its requests
+		// apart by their secrets.
+		c.Keys = []string{c.Keys[0], c.Keys[0]}
+	}
 	if len(c.Keys) < 2 {
-		return fmt.Errorf("%w: want at least two --key (of two tenants), got %d", ErrConfig, len(c.Keys))
+		return fmt.Errorf("%w: want at least two --key (of two tenants; or one with --one-tenant), got %d", ErrConfig, len(c.Keys))
 	}
 	seen := map[string]bool{}
 	for i, k := range c.Keys {
 		if k == "" || strings.ContainsAny(k, " \t\r\n") {
 			return fmt.Errorf("%w: key %d is empty or holds white space", ErrConfig, i)
 		}
-		if seen[k] {
-			return fmt.Errorf("%w: key %d is given twice", ErrConfig, i)
+		if seen[k] && !c.OneTenant {
+			return fmt.Errorf("%w: key %d is given twice (say --one-tenant if the server has one key)", ErrConfig, i)
 		}
 		seen[k] = true
 	}
@@ -148,12 +160,18 @@ type Leak struct {
 
 // Report is the probe's result.
 type Report struct {
-	URL       string    `json:"url"`
-	Model     string    `json:"model"`
-	Keys      int       `json:"keys"`
-	Window    int       `json:"window"`
-	WindowSrc string    `json:"window_source"`
-	Tokenize  bool      `json:"tokenize"`
+	URL       string `json:"url"`
+	Model     string `json:"model"`
+	Keys      int    `json:"keys"`
+	Window    int    `json:"window"`
+	WindowSrc string `json:"window_source"`
+	Tokenize  bool   `json:"tokenize"`
+	// TokenizeForm is the /tokenize dialect used: "vllm" or "llama.cpp".
+	TokenizeForm string `json:"tokenize_form,omitempty"`
+	// Server is what the server looks like from /props and /v1/models
+	// ("llama.cpp server b4748-c392e509", "vLLM", "pagewarden"), or "".
+	Server    string    `json:"server,omitempty"`
+	OneTenant bool      `json:"one_tenant"`
 	Quick     bool      `json:"quick"`
 	Started   time.Time `json:"started"`
 	Seconds   float64   `json:"seconds"`
@@ -195,6 +213,8 @@ type prober struct {
 	model    string
 	window   int
 	tokenize bool
+	tok      tokenizer
+	server   string
 	canaries *canarySet
 	progress *progress
 
@@ -204,7 +224,7 @@ type prober struct {
 
 // send runs e and remembers it.
 func (p *prober) send(ctx context.Context, e *exchange) *exchange {
-	e.foreign = p.canaries.foreignTo(e.key)
+	e.foreign = p.canaries.foreignTo(e.body)
 	p.c.do(ctx, e)
 	p.mu.Lock()
 	p.all = append(p.all, e)
@@ -248,12 +268,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	p := &prober{cfg: cfg, c: &client{base: cfg.URL, keys: cfg.Keys, http: hc, timeout: cfg.Timeout},
 		canaries: newCanarySet(), progress: newProgress(cfg.Progress)}
 	defer p.progress.stop()
-	r := &Report{URL: cfg.URL, Keys: len(cfg.Keys), Quick: cfg.Quick, Started: time.Now().UTC()}
+	r := &Report{URL: cfg.URL, Keys: len(cfg.Keys), Quick: cfg.Quick, OneTenant: cfg.OneTenant, Started: time.Now().UTC()}
 	p.progress.phase("discovering the model and window")
 	if err := p.discover(ctx, r); err != nil {
 		return nil, err
 	}
-	r.Model, r.Window, r.Tokenize = p.model, p.window, p.tokenize
+	r.Model, r.Window, r.Tokenize, r.TokenizeForm, r.Server = p.model, p.window, p.tokenize, string(p.tok), p.server
 
 	r.Checks = append(r.Checks, p.boundary(ctx))
 	base := p.baselines(ctx)
@@ -302,53 +322,57 @@ func (p *prober) discover(ctx context.Context, r *Report) error {
 			p.window, r.WindowSrc = m.MaxModelLen, "/v1/models max_model_len"
 		}
 	}
-	// /tokenize (vLLM's, and pagewarden's) also tells max_model_len.
-	t := p.send(ctx, tokenizeExchange(p.model, "probe"))
-	var tok struct {
-		Count       *int `json:"count"`
-		MaxModelLen int  `json:"max_model_len"`
-	}
-	if t.status == http.StatusOK && json.Unmarshal(t.raw, &tok) == nil && tok.Count != nil {
-		p.tokenize = true
-		if p.window == 0 && tok.MaxModelLen > 0 {
-			p.window, r.WindowSrc = tok.MaxModelLen, "/tokenize max_model_len"
+	// /tokenize: vLLM's form (also SGLang's and pagewarden's), which also
+	// tells max_model_len, else llama.cpp's. A server that answers a
+	// form it does not speak with no tokens for a non-empty text (as
+	// llama.cpp answers vLLM's) does not count as having it.
+	for _, form := range []tokenizer{tokVLLM, tokLlama} {
+		t := p.send(ctx, tokenizeExchange(form, p.model, "probe", false))
+		if t.status != http.StatusOK {
+			continue
+		}
+		if _, n, maxLen, err := parseTokenize(t.raw); err == nil && n > 0 {
+			p.tokenize, p.tok = true, form
+			if p.window == 0 && maxLen > 0 {
+				p.window, r.WindowSrc = maxLen, "/tokenize max_model_len"
+			}
+			break
 		}
 	}
-	if p.window == 0 {
-		// llama.cpp's server tells its context per slot in /props.
-		pr := p.send(ctx, &exchange{key: 0, method: http.MethodGet, path: "/props", desc: "GET /props"})
-		var props struct {
-			Settings struct {
-				NCtx int `json:"n_ctx"`
-			} `json:"default_generation_settings"`
-		}
-		if pr.status == http.StatusOK && json.Unmarshal(pr.raw, &props) == nil && props.Settings.NCtx > 0 {
+	// llama.cpp's server tells its context per slot in /props (and shows
+	// itself there).
+	pr := p.send(ctx, &exchange{key: 0, method: http.MethodGet, path: "/props", desc: "GET /props", optional: true})
+	var props struct {
+		Settings struct {
+			NCtx int `json:"n_ctx"`
+		} `json:"default_generation_settings"`
+	}
+	if pr.status == http.StatusOK {
+		p.server = serverKind(pr.raw, e.raw)
+		if p.window == 0 && json.Unmarshal(pr.raw, &props) == nil && props.Settings.NCtx > 0 {
 			p.window, r.WindowSrc = props.Settings.NCtx, "/props n_ctx"
 		}
+	} else if e.status == http.StatusOK {
+		p.server = serverKind(nil, e.raw)
 	}
 	if p.window == 0 {
 		r.WindowSrc = "unknown (give --window)"
 	}
-	p.progress.printf("model %q, window %d (%s), /tokenize %v", p.model, p.window, r.WindowSrc, p.tokenize)
+	p.progress.printf("server %q, model %q, window %d (%s), /tokenize %q", orElse(p.server, "not recognized"), p.model, p.window, r.WindowSrc, orElse(string(p.tok), "none"))
 	return nil
-}
-
-func tokenizeExchange(model, text string) *exchange {
-	b, _ := json.Marshal(map[string]any{"model": model, "prompt": text, "add_special_tokens": false})
-	return &exchange{key: 0, method: http.MethodPost, path: "/tokenize", body: b, desc: fmt.Sprintf("POST /tokenize (%d bytes)", len(text))}
 }
 
 // countTokens asks /tokenize for the tokens of text (no special tokens).
 func (p *prober) countTokens(ctx context.Context, text string) ([]int, *exchange, bool) {
-	e := p.send(ctx, tokenizeExchange(p.model, text))
-	var tok struct {
-		Tokens []int `json:"tokens"`
-		Count  int   `json:"count"`
-	}
-	if e.status != http.StatusOK || json.Unmarshal(e.raw, &tok) != nil {
+	e := p.send(ctx, tokenizeExchange(p.tok, p.model, text, false))
+	if e.status != http.StatusOK {
 		return nil, e, false
 	}
-	return tok.Tokens, e, true
+	ids, _, _, err := parseTokenize(e.raw)
+	if err != nil {
+		return nil, e, false
+	}
+	return ids, e, true
 }
 
 // randomToken returns n characters of a 32-letter alphabet (no 0/o, 1/l):

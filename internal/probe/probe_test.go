@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,6 +31,29 @@ const (
 	faultSharedCache fault = "shared-cache" // the prefix cache is not keyed by tenant
 	faultTraces      fault = "traces"       // error bodies carry a stack trace
 	faultOverload200 fault = "overload-200" // over the cap: a 200 with no choices instead of a 429
+	// llama.cpp's two ways with an over-window prompt: cut it and answer
+	// (its default, context shift), or refuse it inside a 200 stream
+	// with an "error:" line (--no-context-shift).
+	faultTruncate   fault = "truncate"
+	faultSelfLeak   fault = "self-leak" // key 0's answers copy key 0's previous prompt (another request)
+	faultStreamDeny fault = "stream-deny"
+)
+
+// dialect is which server the fake imitates where servers differ.
+type dialect string
+
+const (
+	// pagewarden's (and vLLM's) ways: max_model_len in /v1/models,
+	// /tokenize {"model", "prompt"} -> {"count", "tokens"}, cached tokens
+	// in usage.prompt_tokens_details.
+	dialectVLLM dialect = ""
+	// llama.cpp's server: no max_model_len, the window in /props, its own
+	// /tokenize {"content"} -> {"tokens"} (and {"tokens": []} for vLLM's
+	// form), the cache count only as timings.prompt_n.
+	dialectLlama dialect = "llama.cpp"
+	// A bare OpenAI API: no /tokenize, no /props, no cache count; the
+	// window must be given.
+	dialectBare dialect = "bare"
 )
 
 // fakeServer is a small OpenAI-compatible server: one token per byte (or
@@ -37,11 +61,9 @@ const (
 // a cap of fakeCap requests in flight per key, and a model that copies
 // its prompt (greedy) or draws letters from the seed (sampled).
 type fakeServer struct {
-	fault fault
-	// llama: like llama.cpp's server, no max_model_len in /v1/models and
-	// no vLLM /tokenize, the window in /props.
-	llama bool
-	keys  map[string]int
+	fault   fault
+	dialect dialect
+	keys    map[string]int
 
 	mu        sync.Mutex
 	inflight  map[int]int
@@ -82,33 +104,48 @@ func (s *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case "/v1/models":
 		w.Header().Set("Content-Type", "application/json")
-		if s.llama {
-			fmt.Fprintf(w, `{"object":"list","data":[{"id":"fake","object":"model","meta":{"n_ctx_train":%d}}]}`, 4*fakeWindow)
+		switch s.dialect {
+		case dialectLlama:
+			fmt.Fprintf(w, `{"object":"list","data":[{"id":"fake","object":"model","owned_by":"llamacpp","meta":{"n_ctx_train":%d}}]}`, 4*fakeWindow)
+			return
+		case dialectBare:
+			fmt.Fprint(w, `{"object":"list","data":[{"id":"fake","object":"model"}]}`)
 			return
 		}
 		fmt.Fprintf(w, `{"object":"list","data":[{"id":"fake","object":"model","max_model_len":%d}]}`, fakeWindow)
 	case "/props":
-		if !s.llama {
+		if s.dialect != dialectLlama {
 			s.fail(w, 404, "no such path")
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"default_generation_settings":{"n_ctx":%d}}`, fakeWindow)
+		fmt.Fprintf(w, `{"default_generation_settings":{"n_ctx":%d},"total_slots":4,"build_info":"b4748-c392e509"}`, fakeWindow)
 	case "/tokenize":
-		if s.llama {
+		if s.dialect == dialectBare {
 			s.fail(w, 404, "no such path")
 			return
 		}
-		var req struct{ Prompt string }
+		var req struct {
+			Prompt, Content string
+			AddSpecial      bool `json:"add_special"`
+		}
 		if json.NewDecoder(r.Body).Decode(&req) != nil {
 			s.fail(w, 400, "bad json")
 			return
 		}
+		text := req.Prompt
+		if s.dialect == dialectLlama {
+			text = req.Content // and vLLM's "prompt" is not read: {"tokens": []}
+		}
 		ids := []int{}
-		for _, b := range []byte(req.Prompt) {
+		for _, b := range []byte(text) {
 			ids = append(ids, int(b))
 		}
 		w.Header().Set("Content-Type", "application/json")
+		if s.dialect == dialectLlama {
+			json.NewEncoder(w).Encode(map[string]any{"tokens": ids})
+			return
+		}
 		json.NewEncoder(w).Encode(map[string]any{"count": len(ids), "tokens": ids, "max_model_len": fakeWindow})
 	case "/v1/completions", "/v1/chat/completions":
 		s.complete(w, r, tenant, r.URL.Path == "/v1/chat/completions")
@@ -157,11 +194,21 @@ func (s *fakeServer) complete(w http.ResponseWriter, r *http.Request, tenant int
 	n, maxTok := len(prompt), *req.MaxTokens
 	promptTokens := n
 	if n >= fakeWindow || maxTok > fakeWindow-n {
-		if s.fault != faultPromptOne {
+		switch {
+		case s.fault == faultPromptOne:
+			promptTokens, maxTok = 1, 1 // the incident: a placeholder
+		case s.fault == faultTruncate && n >= fakeWindow:
+			prompt = prompt[n-fakeWindow/2:]
+			n, promptTokens = len(prompt), len(prompt)
+		case s.fault == faultStreamDeny && req.Stream:
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(200)
+			fmt.Fprint(w, "error: {\"code\":400,\"message\":\"the request exceeds the available context size\",\"type\":\"invalid_request_error\"}\n\ndata: [DONE]\n\n")
+			return
+		default:
 			s.fail(w, 400, "context length exceeded")
 			return
 		}
-		promptTokens, maxTok = 1, 1 // the incident: a placeholder
 	}
 	s.mu.Lock()
 	if s.inflight[tenant] >= fakeCap {
@@ -179,6 +226,9 @@ func (s *fakeServer) complete(w http.ResponseWriter, r *http.Request, tenant int
 	busy := s.total > 1
 	src := prompt
 	if o, ok := s.last[0]; s.fault == faultLeak && tenant == 1 && ok {
+		src = o
+	}
+	if o, ok := s.last[0]; s.fault == faultSelfLeak && tenant == 0 && ok && !bytes.Equal(o, prompt) {
 		src = o
 	}
 	s.last[tenant] = prompt
@@ -235,8 +285,15 @@ func (s *fakeServer) complete(w http.ResponseWriter, r *http.Request, tenant int
 	if short {
 		out = out[:1] // aborted, answered as a success
 	}
-	usage := map[string]any{"prompt_tokens": promptTokens, "completion_tokens": len(out), "total_tokens": promptTokens + len(out),
-		"prompt_tokens_details": map[string]any{"cached_tokens": cached}}
+	usage := map[string]any{"prompt_tokens": promptTokens, "completion_tokens": len(out), "total_tokens": promptTokens + len(out)}
+	var timings map[string]any
+	switch s.dialect {
+	case dialectVLLM:
+		usage["prompt_tokens_details"] = map[string]any{"cached_tokens": cached}
+	case dialectLlama:
+		// llama.cpp evaluates at least the prompt's last token again.
+		timings = map[string]any{"prompt_n": max(promptTokens-cached, 1), "predicted_n": len(out)}
+	}
 	choice := func(text string, fin any) map[string]any {
 		if chat {
 			return map[string]any{"index": 0, "delta": map[string]any{"content": text}, "message": map[string]any{"content": text}, "finish_reason": fin}
@@ -245,7 +302,7 @@ func (s *fakeServer) complete(w http.ResponseWriter, r *http.Request, tenant int
 	}
 	if !req.Stream {
 		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(map[string]any{"choices": []any{choice(string(out), finish)}, "usage": usage})
+		json.NewEncoder(w).Encode(map[string]any{"choices": []any{choice(string(out), finish)}, "usage": usage, "timings": timings})
 		return
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
@@ -266,40 +323,61 @@ func (s *fakeServer) complete(w http.ResponseWriter, r *http.Request, tenant int
 	}
 	b, _ := json.Marshal(map[string]any{"choices": []any{choice("", finish)}})
 	fmt.Fprintf(w, "data: %s\n\n", b)
-	b, _ = json.Marshal(map[string]any{"choices": []any{}, "usage": usage})
+	b, _ = json.Marshal(map[string]any{"choices": []any{}, "usage": usage, "timings": timings})
 	fmt.Fprintf(w, "data: %s\n\ndata: [DONE]\n\n", b)
 }
 
 // TestProbeFakeServer: against the correct fake every check passes (none
 // is skipped: the fake has a cache, a tokenizer and a cap), and each bug
-// makes its check fail with evidence, without a false leak elsewhere.
+// makes its check fail with evidence, without a false leak elsewhere. The
+// fake speaks pagewarden's dialect, llama.cpp's, or only the OpenAI API;
+// the probe must find what each offers (window, tokenizer, cache count)
+// and skip, never pass, what it cannot judge.
 func TestProbeFakeServer(t *testing.T) {
 	for _, tc := range []struct {
-		fault fault
-		check string // the check that must fail; "" none
-		llama bool
+		fault     fault
+		check     string // the check that must fail; "" none
+		dialect   dialect
+		oneTenant bool
+		keys      []string // default key-a, key-b
+		window    int      // --window
+		skip      []string // checks that must be skipped (the rest pass)
+		windowSrc string   // "" means max_model_len from /v1/models
+		tokenize  tokenizer
 	}{
-		{faultNone, "", false},
-		{faultNone, "", true},
-		{faultPromptOne, "boundary", true},
-		{faultLeak, "canaries", false},
-		{faultPromptOne, "boundary", false},
-		{faultAbort200, "abort-storm", false},
-		{faultNondet, "determinism", false},
-		{faultSharedCache, "prefix-cache", false},
-		{faultTraces, "errors", false},
-		{faultOverload200, "overload", false},
+		{fault: faultNone, tokenize: tokVLLM},
+		{fault: faultNone, dialect: dialectLlama, windowSrc: "/props n_ctx", tokenize: tokLlama},
+		{fault: faultNone, dialect: dialectBare, window: fakeWindow, windowSrc: "--window", skip: []string{"prefix-cache"}},
+		{fault: faultPromptOne, check: "boundary", dialect: dialectLlama},
+		{fault: faultPromptOne, check: "boundary", dialect: dialectBare, window: fakeWindow},
+		{fault: faultTruncate, check: "boundary", dialect: dialectLlama},
+		{fault: faultStreamDeny, check: "boundary", dialect: dialectLlama},
+		{fault: faultLeak, check: "canaries"},
+		{fault: faultLeak, check: "canaries", dialect: dialectLlama, oneTenant: true},
+		{fault: faultSelfLeak, check: "canaries", dialect: dialectLlama, oneTenant: true, keys: []string{"key-a"}},
+		{fault: faultPromptOne, check: "boundary"},
+		{fault: faultAbort200, check: "abort-storm"},
+		{fault: faultNondet, check: "determinism"},
+		{fault: faultSharedCache, check: "prefix-cache"},
+		{fault: faultSharedCache, check: "prefix-cache", dialect: dialectLlama},
+		// One tenant behind both keys: a shared cache is by design, and the
+		// check says so instead of passing.
+		{fault: faultSharedCache, dialect: dialectLlama, oneTenant: true, skip: []string{"prefix-cache"}, windowSrc: "/props n_ctx", tokenize: tokLlama},
+		{fault: faultTraces, check: "errors"},
+		{fault: faultOverload200, check: "overload"},
 	} {
-		name := string(cmpOr(tc.fault, "correct"))
-		if tc.llama {
-			name += "/llama.cpp-like"
+		name := string(cmpOr(tc.fault, "correct")) + "/" + string(cmpOr(fault(tc.dialect), "pagewarden-like"))
+		if tc.oneTenant {
+			name += fmt.Sprintf("/one-tenant-%d-keys", len(cmpOrKeys(tc.keys)))
 		}
 		t.Run(name, func(t *testing.T) {
 			fake := newFake(tc.fault)
-			fake.llama = tc.llama
+			fake.dialect = tc.dialect
 			srv := httptest.NewServer(fake)
 			defer srv.Close()
-			r, err := Run(context.Background(), Config{URL: srv.URL, Keys: []string{"key-a", "key-b"}, Quick: true, Timeout: 10 * time.Second})
+			keys := cmpOrKeys(tc.keys)
+			r, err := Run(context.Background(), Config{URL: srv.URL, Keys: keys, Quick: true, Timeout: 10 * time.Second,
+				OneTenant: tc.oneTenant, Window: tc.window})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -312,6 +390,10 @@ func TestProbeFakeServer(t *testing.T) {
 					if c.Verdict != Fail || len(c.Evidence) == 0 {
 						t.Errorf("%s: %s (%s) with %d evidence, want fail with evidence\n%s", c.Name, c.Verdict, c.Reason, len(c.Evidence), sum.String())
 					}
+				case slices.Contains(tc.skip, c.Name):
+					if c.Verdict != Skip || c.Reason == "" {
+						t.Errorf("%s: %s (%s), want skip with a reason\n%s", c.Name, c.Verdict, c.Reason, sum.String())
+					}
 				case tc.check == "":
 					if c.Verdict != Pass {
 						t.Errorf("%s: %s (%s), want pass\n%s", c.Name, c.Verdict, c.Reason, sum.String())
@@ -323,16 +405,22 @@ func TestProbeFakeServer(t *testing.T) {
 			if r.Failed() != (tc.check != "") {
 				t.Errorf("Failed() = %v\n%s", r.Failed(), sum.String())
 			}
-			if tc.llama && (r.Window != fakeWindow || r.WindowSrc != "/props n_ctx" || r.Tokenize) {
-				t.Errorf("window %d from %q, tokenize %v", r.Window, r.WindowSrc, r.Tokenize)
+			if tc.check == "" {
+				src := cmpOr(fault(tc.windowSrc), "/v1/models max_model_len")
+				if r.Window != fakeWindow || r.WindowSrc != string(src) || r.Tokenize != (tc.tokenize != tokNone) || r.TokenizeForm != string(tc.tokenize) {
+					t.Errorf("window %d from %q, tokenize %v %q; want %d from %q, %q", r.Window, r.WindowSrc, r.Tokenize, r.TokenizeForm, fakeWindow, src, tc.tokenize)
+				}
+			}
+			if tc.dialect == dialectLlama && r.Server != "llama.cpp server b4748-c392e509" {
+				t.Errorf("server %q", r.Server)
 			}
 			if tc.fault == faultNone && (r.Leak.Trials < 20 || r.Leak.Leaks != 0 || r.Leak.Upper95 >= 0.2) {
 				t.Errorf("leak stats %+v", r.Leak)
 			}
-			if c := r.Check("prefix-cache"); tc.fault == faultSharedCache && len(c.Evidence) != 2 {
+			if c := r.Check("prefix-cache"); tc.fault == faultSharedCache && !tc.oneTenant && len(c.Evidence) != 2 {
 				t.Errorf("prefix-cache: %d evidence, want one per direction\n%s", len(c.Evidence), sum.String())
 			}
-			if tc.fault == faultLeak && r.Leak.Leaks == 0 {
+			if (tc.fault == faultLeak || tc.fault == faultSelfLeak) && r.Leak.Leaks == 0 {
 				t.Errorf("leak stats %+v", r.Leak)
 			}
 			// The report never holds a key.
@@ -341,6 +429,14 @@ func TestProbeFakeServer(t *testing.T) {
 			}
 		})
 	}
+}
+
+// cmpOrKeys is keys, or the fake's two keys when nil.
+func cmpOrKeys(keys []string) []string {
+	if keys == nil {
+		return []string{"key-a", "key-b"}
+	}
+	return keys
 }
 
 func cmpOr(f fault, d string) fault {
@@ -373,24 +469,42 @@ func TestUpper95(t *testing.T) {
 
 func TestCanarySet(t *testing.T) {
 	s := newCanarySet()
-	a, b := s.mint(0), s.mint(1)
+	a, b, a2 := s.mint(0), s.mint(1), s.mint(0)
+	reqA := []byte(`{"prompt": "Copy: ` + a + `"}`)
+	reqB := []byte(`{"prompt": "Copy: ` + b + `"}`)
 	for _, tc := range []struct {
 		name  string
-		key   int
+		req   []byte
 		text  string
 		owner int // -1: no hit
 		exact bool
 	}{
-		{"own secret", 0, "the answer is " + a, -1, false},
-		{"foreign secret", 0, "x" + b + "y", 1, true},
-		{"foreign piece", 1, "…" + a[3:3+ngram] + "…", 0, false},
-		{"foreign piece split by spaces", 1, strings.Join(strings.Split(strings.ToUpper(a[:12]), ""), " "), 0, false},
-		{"short piece", 1, a[:ngram-1], -1, false},
-		{"nothing", 0, "hello world", -1, false},
+		{"own secret", reqA, "the answer is " + a, -1, false},
+		{"foreign secret", reqA, "x" + b + "y", 1, true},
+		{"foreign piece", reqB, "…" + a[3:3+ngram] + "…", 0, false},
+		{"foreign piece split by spaces", reqB, strings.Join(strings.Split(strings.ToUpper(a[:12]), ""), " "), 0, false},
+		{"short piece", reqB, a[:ngram-1], -1, false},
+		{"another request's secret of the same key", reqA, "…" + a2 + "…", 0, true},
+		{"a piece of another request's secret of the same key", reqA, a2[5 : 5+ngram], 0, false},
+		{"nothing", reqA, "hello world", -1, false},
 	} {
-		h, ok := s.foreign(tc.key, []byte(tc.text))
+		h, ok := s.foreign(tc.req, []byte(tc.text))
 		if ok != (tc.owner >= 0) || ok && (h.owner != tc.owner || h.exact != tc.exact) {
 			t.Errorf("%s: %+v %v, want owner %d exact %v", tc.name, h, ok, tc.owner, tc.exact)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		req  []byte
+		want int
+	}{
+		{"no secret", []byte(`{"prompt": "hi"}`), 3},
+		{"one of three", reqA, 2},
+		{"two, one of them twice", []byte(a + " " + b + " " + a), 1},
+		{"a piece is not the secret", []byte(a[:ngram+2]), 3},
+	} {
+		if got := s.foreignTo(tc.req); got != tc.want {
+			t.Errorf("foreignTo(%s) = %d, want %d", tc.name, got, tc.want)
 		}
 	}
 }

@@ -63,9 +63,13 @@ func percent(f float64) string {
 func (r *Report) WriteSummary(w io.Writer) {
 	tok := "no /tokenize"
 	if r.Tokenize {
-		tok = "/tokenize"
+		tok = "/tokenize (" + orElse(r.TokenizeForm, string(tokVLLM)) + " form)"
 	}
-	fmt.Fprintf(w, "pagewarden probe of %s: model %q, window %d (%s), %s, %d keys\n", r.URL, r.Model, r.Window, r.WindowSrc, tok, r.Keys)
+	keys := fmt.Sprintf("%d keys", r.Keys)
+	if r.OneTenant {
+		keys += " of one tenant"
+	}
+	fmt.Fprintf(w, "pagewarden probe of %s (%s): model %q, window %d (%s), %s, %s\n", r.URL, orElse(r.Server, "server not recognized"), r.Model, r.Window, r.WindowSrc, tok, keys)
 	fmt.Fprintf(w, "%d requests in %.1f s\n\n", r.Requests, r.Seconds)
 	failed := 0
 	for _, c := range r.Checks {
