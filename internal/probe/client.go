@@ -122,9 +122,14 @@ func (e *exchange) add(c *chunk) {
 
 // client sends the probe's requests.
 type client struct {
-	base    string
-	keys    []string
-	http    *http.Client
+	base string
+	keys []string
+	http *http.Client
+	// fresh dials a new connection for every request: the retry of a
+	// request that a stale keep-alive connection lost must not pick
+	// another stale one (seen against llama.cpp's server, whose idle
+	// connections close after 5 s, under 600 requests in a minute).
+	fresh   *http.Client
 	timeout time.Duration
 }
 
@@ -135,14 +140,19 @@ type client struct {
 // it (llama.cpp's does), which says nothing about how it serves, and Go's
 // transport retries only idempotent methods itself.
 func (c *client) do(ctx context.Context, e *exchange) {
-	if reused := c.try(ctx, e); reused && e.status == 0 && e.err != nil && !e.aborted && ctx.Err() == nil {
+	if reused := c.try(ctx, c.http, e); reused && e.status == 0 && e.err != nil && !e.aborted && ctx.Err() == nil {
 		e.err = nil
-		c.try(ctx, e)
+		hc := c.fresh
+		if hc == nil {
+			hc = c.http
+		}
+		c.try(ctx, hc, e)
 	}
 }
 
-// try is one attempt of do; it reports whether the connection was reused.
-func (c *client) try(ctx context.Context, e *exchange) (reused bool) {
+// try is one attempt of do with hc; it reports whether the connection was
+// reused.
+func (c *client) try(ctx context.Context, hc *http.Client, e *exchange) (reused bool) {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }})
@@ -169,7 +179,7 @@ func (c *client) try(ctx context.Context, e *exchange) (reused bool) {
 		defer t.Stop()
 	}
 	start := time.Now()
-	resp, err := c.http.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		e.err = err
 		e.aborted = e.left.Load()

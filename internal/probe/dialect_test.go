@@ -2,10 +2,16 @@ package probe
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -152,4 +158,48 @@ func FuzzParseTokenize(f *testing.F) {
 			t.Fatalf("count %d with %d ids", count, len(ids))
 		}
 	})
+}
+
+// TestRetryOnFreshConnection: a server that drops every request arriving
+// on a reused keep-alive connection (as a stale connection is lost) still
+// gets each request answered once: the retry dials a new connection
+// instead of taking the next idle one, which the server drops too.
+func TestRetryOnFreshConnection(t *testing.T) {
+	type connKey struct{}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Context().Value(connKey{}).(*atomic.Int32).Add(1) > 1 {
+			c, _, err := w.(http.Hijacker).Hijack()
+			if err == nil {
+				c.Close()
+			}
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"choices":[{"text":"ok","finish_reason":"length"}],"usage":{"prompt_tokens":1,"completion_tokens":1}}`))
+	}))
+	srv.Config.ConnContext = func(ctx context.Context, _ net.Conn) context.Context {
+		return context.WithValue(ctx, connKey{}, new(atomic.Int32))
+	}
+	srv.Start()
+	defer srv.Close()
+	c := &client{base: srv.URL, keys: []string{"a", "b"}, timeout: 5 * time.Second,
+		http:  &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}},
+		fresh: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}}
+	// Two at once leave two idle connections behind.
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.do(context.Background(), newCompletion(0, "m", "hi", 1, false, nil, 0, "warm-up"))
+		}()
+	}
+	wg.Wait()
+	for i := range 3 {
+		e := newCompletion(0, "m", "hi", 1, false, nil, 0, "after")
+		c.do(context.Background(), e)
+		if e.status != http.StatusOK || e.text != "ok" {
+			t.Fatalf("request %d: status %d err %v", i, e.status, e.err)
+		}
+	}
 }

@@ -261,11 +261,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	hc := cfg.HTTPClient
+	hc, fresh := cfg.HTTPClient, (*http.Client)(nil)
 	if hc == nil {
 		hc = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, Proxy: http.ProxyFromEnvironment}}
+		fresh = &http.Client{Transport: &http.Transport{DisableKeepAlives: true, Proxy: http.ProxyFromEnvironment}}
 	}
-	p := &prober{cfg: cfg, c: &client{base: cfg.URL, keys: cfg.Keys, http: hc, timeout: cfg.Timeout},
+	p := &prober{cfg: cfg, c: &client{base: cfg.URL, keys: cfg.Keys, http: hc, fresh: fresh, timeout: cfg.Timeout},
 		canaries: newCanarySet(), progress: newProgress(cfg.Progress)}
 	defer p.progress.stop()
 	r := &Report{URL: cfg.URL, Keys: len(cfg.Keys), Quick: cfg.Quick, OneTenant: cfg.OneTenant, Started: time.Now().UTC()}
