@@ -138,3 +138,22 @@ func BenchmarkLogprobs(b *testing.B) {
 		_ = Logprobs(logits, 5, 20, &dst)
 	}
 }
+
+// TestExp32: exp32 is within 3e-7 of e^x (relative) over the range it
+// serves, 0 below it, exactly 1 at 0.
+func TestExp32(t *testing.T) {
+	if exp32(0) != 1 || exp32(-100) != 0 || exp32(float32(math.Inf(-1))) != 0 {
+		t.Fatalf("exp32(0) = %v, exp32(-100) = %v", exp32(0), exp32(-100))
+	}
+	worst, at := 0.0, float32(0)
+	for x := float32(0); x > -87; x -= 0.00137 {
+		want := math.Exp(float64(x))
+		if d := math.Abs(float64(exp32(x))-want) / want; d > worst {
+			worst, at = d, x
+		}
+	}
+	if worst > 3e-7 {
+		t.Fatalf("exp32 relative error %.3g at %v", worst, at)
+	}
+	t.Logf("largest relative error %.3g (at %v)", worst, at)
+}
