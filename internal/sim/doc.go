@@ -7,7 +7,8 @@
 // client is answered — and drive them synchronously from one goroutine
 // with one seeded random source, a fake clock and a faulty transport
 // between the nodes (loss, duplication, reordering, delay, torn and short
-// handoffs, a prefill node that restarts, stalls that expire leases).
+// handoffs, slow page writes and reads, prefill and decode nodes that
+// crash and restart, stalls that expire leases).
 // The model is the owner-echo model: each position's KV encodes the
 // owner, salt and tokens it was computed from, and each sampled token is a
 // hash of everything attention read, so a read of another tenant's,
@@ -24,7 +25,7 @@
 //   - no attention step reads a position that its own request did not
 //     write (the owner-echo executor);
 //   - no page is released while a writer of the handoff is in flight on
-//     it;
+//     it, and no handoff's source while a read of it is;
 //   - every request has exactly one terminal state, at the node and at the
 //     gateway, and no token after it;
 //   - an abort that landed on a live request is never followed by a

@@ -241,6 +241,11 @@ func (g *gatewayNode) finish(from peer, res request.Result) error {
 	case c.done():
 		return violated(invTerminal, "second result of %v: %v after %v", res.Owner, res.Reason, c.result.Reason)
 	}
+	return g.end(c, res)
+}
+
+// end records c's one result, checks it, and answers the client.
+func (g *gatewayNode) end(c *call, res request.Result) error {
 	c.result = &res
 	g.w.logf("gateway: %v ended %v (%v) after %d tokens", res.Owner, res.Reason, res.Err, len(c.tokens))
 	if res.Reason.Success() {

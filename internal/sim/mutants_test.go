@@ -15,7 +15,10 @@ import (
 	"github.com/pagewarden/pagewarden/internal/transfer"
 )
 
-var simMutant = flag.String("sim.mutant", "", "run only the mutant whose name starts with this (with -sim.seed, replay it)")
+var (
+	simMutant = flag.String("sim.mutant", "", "run only the mutant whose name starts with this (with -sim.seed, replay it)")
+	simAll    = flag.Bool("sim.all", false, "run every seed of the budget and report how many catch each mutant")
+)
 
 // mutant is one bug of the incident's class, re-introduced through the
 // owning packages' build-tagged hooks. Where the system checks a promise
@@ -78,7 +81,7 @@ func TestMutantsCaught(t *testing.T) {
 			if *simSeed != 0 {
 				first, n = *simSeed, 1
 			}
-			seed, w, err, _ := runSeeds(first, n, true)
+			seed, w, err, stats := runSeeds(first, n, !*simAll)
 			if err == nil {
 				t.Fatalf("not caught in seeds %d..%d", first, first+n-1)
 			}
@@ -91,6 +94,9 @@ func TestMutantsCaught(t *testing.T) {
 			}
 			t.Logf("caught at seed %d by %q: %s\nreplay: %s -sim.mutant=%q", seed, v.invariant, v.detail,
 				replayCommand("TestMutantsCaught", seed, "pw_mutants"), m.name[:1])
+			if *simAll {
+				t.Logf("caught in %d of %d seeds", int(n)-stats["seeds passed"], n)
+			}
 		})
 	}
 }

@@ -1,12 +1,15 @@
 package sim
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -147,6 +150,44 @@ func (w *world) restartPrefill() error {
 	return nil
 }
 
+// restartDecode is a decode node crash and restart: its pool, core,
+// receiver and writes are gone, its connections break, the gateway fails
+// the requests it served (the router's link-down handling) and the prefill
+// node aborts the handoffs it was sending there.
+func (w *world) restartDecode(i int) error {
+	old := w.decodes[i]
+	w.logf("%s restarts", old.name)
+	w.net.dropTo(old.name)
+	d, err := w.newDecode(old.name, w.seed<<8|uint64(i+1)|uint64(old.gen+1)<<4)
+	if err != nil {
+		return err
+	}
+	d.gen = old.gen + 1
+	for o := range old.abortLanded {
+		d.abortLanded[o] = true
+	}
+	w.decodes[i] = d
+	g := w.gw
+	for _, o := range g.order {
+		if c := g.calls[o]; !c.done() && c.decode == old.name {
+			res := request.Result{Owner: o, Reason: request.FinishError,
+				Err: fmt.Errorf("%w: decode node %s went down", request.ErrInternal, old.name)}
+			if err := g.end(c, res); err != nil {
+				return err
+			}
+		}
+	}
+	p := w.prefill
+	ids := slices.SortedFunc(maps.Keys(p.jobs), func(a, b transfer.ReservationID) int { return cmp.Compare(a.Seq, b.Seq) })
+	for _, id := range ids {
+		if j := p.jobs[id]; j != nil && j.decode == old.name {
+			_ = p.send.Abort(id, transfer.ReasonAborted)
+			p.abort(j.grant.Owner)
+		}
+	}
+	return p.effects()
+}
+
 // tick runs one step of the whole system.
 func (w *world) tick(arrivals bool) error {
 	w.step++
@@ -179,7 +220,13 @@ func (w *world) tick(arrivals bool) error {
 		w.gw.abort(w.gw.order[w.rng.IntN(len(w.gw.order))])
 	}
 	if !w.quiet && w.rng.IntN(1000) < w.f.restart {
-		if err := w.restartPrefill(); err != nil {
+		var err error
+		if i := w.rng.IntN(len(w.decodes) + 1); i < len(w.decodes) {
+			err = w.restartDecode(i)
+		} else {
+			err = w.restartPrefill()
+		}
+		if err != nil {
 			return err
 		}
 	}
@@ -248,7 +295,7 @@ func (w *world) quiescent() bool {
 			return false
 		}
 	}
-	if !w.prefill.core.Idle() || w.prefill.send.Stats().Active != 0 {
+	if !w.prefill.core.Idle() || w.prefill.send.Stats().Active != 0 || len(w.prefill.reads) > 0 {
 		return false
 	}
 	for _, d := range w.decodes {
@@ -427,7 +474,7 @@ func TestSimulation(t *testing.T) {
 	t.Logf("%d seeds: %v", n, stats)
 	// The faults must have happened, or the run proves little.
 	if n >= 500 {
-		for _, k := range []string{"success", "client abort", "handoff failed", "refused 4xx", "prefill restart", "fenced pages", "prefix hits", "reaped"} {
+		for _, k := range []string{"success", "client abort", "handoff failed", "refused 4xx", "prefill restart", "decode restart", "fenced pages", "prefix hits", "reaped"} {
 			if stats[k] == 0 {
 				t.Errorf("no %q in %d seeds", k, n)
 			}
@@ -437,6 +484,7 @@ func TestSimulation(t *testing.T) {
 
 // tally counts what a seed exercised.
 func (w *world) tally(m map[string]int) {
+	m["seeds passed"]++
 	for _, o := range w.gw.order {
 		c := w.gw.calls[o]
 		switch {
@@ -458,6 +506,7 @@ func (w *world) tally(m map[string]int) {
 	m["refused 4xx"] += int(w.gw.ids) - len(w.gw.order)
 	m["prefill restart"] += w.prefill.gen
 	for _, d := range w.decodes {
+		m["decode restart"] += d.gen
 		m["fenced pages"] += d.fenced
 		m["reaped"] += int(d.recv.Stats().Reaped)
 	}

@@ -89,7 +89,7 @@ type faults struct {
 	loss, dup   int // handoff messages lost, duplicated
 	maxDelay    time.Duration
 	tear, short int // handoffs whose manifest covers fewer pages / whose last page lost a position
-	restart     int // per mille of steps: the prefill node restarts
+	restart     int // per mille of steps: the prefill node, or a decode node, restarts
 	stall       int // per mille of steps: the clock jumps seconds (leases expire)
 	slowWrite   int // page writes that take seconds (fenced at the drain deadline)
 }
@@ -238,10 +238,10 @@ func (nw *network) due() []*envelope {
 	return out
 }
 
-// dropTo discards what is on the way to a node that restarted: its
-// connections broke.
+// dropTo discards what is on the way to or from a node that restarted:
+// its connections broke.
 func (nw *network) dropTo(to peer) {
-	nw.q = slices.DeleteFunc(nw.q, func(e *envelope) bool { return e.to == to })
+	nw.q = slices.DeleteFunc(nw.q, func(e *envelope) bool { return e.to == to || e.from == to })
 	for k := range nw.links {
 		if k[1] == to || k[0] == to {
 			delete(nw.links, k)
@@ -357,6 +357,15 @@ type prefillNode struct {
 	send *transfer.Sender
 	jobs map[transfer.ReservationID]*pjob
 	by   map[request.Owner]transfer.ReservationID
+	// reads are page reads in flight (SendPage granted, Sent not yet
+	// reported): the page goes on the wire when the read lands.
+	reads []*pread
+}
+
+type pread struct {
+	to   peer
+	page transfer.Page
+	due  time.Time
 }
 
 type pjob struct {
@@ -433,6 +442,7 @@ func prefillReason(err error) transfer.Reason {
 func (p *prefillNode) step() error {
 	p.core.Tick(p.w.now)
 	p.send.Tick(p.w.tnow())
+	p.readsLand()
 	rd := p.core.Ready()
 	for _, t := range rd.Tokens {
 		id, ok := p.by[t.Owner]
@@ -498,9 +508,23 @@ func (p *prefillNode) effects() error {
 				}
 				pg := e.Page
 				pg.Data = j.pages[pg.Index]
-				p.w.net.lossy(p.name, e.To, &pg)
-				_ = p.send.Sent(pg.ID, pg.Index)
+				due := p.w.now
+				switch x := p.w.rng.IntN(1000); {
+				case x < p.w.f.slowWrite:
+					due = due.Add(time.Duration(1+p.w.rng.IntN(3)) * time.Second) // past the drain deadline
+				case x < 300:
+					due = due.Add(time.Duration(p.w.rng.IntN(30)) * time.Millisecond)
+				}
+				p.reads = append(p.reads, &pread{to: e.To, page: pg, due: due})
+				if !due.After(p.w.now) {
+					p.readsLand()
+				}
 			case *transfer.ReleaseSource:
+				for _, r := range p.reads {
+					if r.page.ID == e.ID && !e.Quarantine {
+						return violated(invWriter, "prefill released the source pages of %v while a read of page %d is in flight", e.Ref, r.page.Index)
+					}
+				}
 				if j := p.jobs[e.ID]; j != nil {
 					j.pages = nil
 				}
@@ -513,6 +537,26 @@ func (p *prefillNode) effects() error {
 				}
 			}
 		}
+	}
+}
+
+// readsLand completes the page reads that are due, in the order granted:
+// the page goes on the wire, and the sender hears it was read.
+func (p *prefillNode) readsLand() {
+	keep := p.reads[:0]
+	var landed []*pread
+	for _, r := range p.reads {
+		if r.due.After(p.w.now) {
+			keep = append(keep, r)
+		} else {
+			landed = append(landed, r)
+		}
+	}
+	clear(p.reads[len(keep):])
+	p.reads = keep
+	for _, r := range landed {
+		p.w.net.lossy(p.name, r.to, &r.page)
+		_ = p.send.Sent(r.page.ID, r.page.Index)
 	}
 }
 
@@ -531,6 +575,7 @@ func (p *prefillNode) check() error {
 // request's tokens and result to the gateway.
 type decodeNode struct {
 	*node
+	gen    int // restarts so far
 	recv   *transfer.Receiver
 	resv   map[transfer.ReservationID]*dresv
 	writes []*write
