@@ -40,6 +40,9 @@ type exchange struct {
 	// /props) that the server may not have; its error answer is held to
 	// the no-trace rule but not to OpenAI's error shape.
 	optional bool
+	// side: a read of a side endpoint (sideEndpoints) during the load,
+	// which may show the reader's own key's secrets but no other key's.
+	side bool
 
 	status int
 	header http.Header
@@ -194,7 +197,9 @@ func (c *client) try(ctx context.Context, hc *http.Client, e *exchange) (reused 
 	} else {
 		e.raw, e.err = io.ReadAll(io.LimitReader(resp.Body, maxBody))
 		e.ttft = time.Since(start)
-		if e.err == nil && resp.StatusCode == http.StatusOK {
+		// Only a completion's answer is a chunk; the other endpoints'
+		// bodies are read by whoever asked for them.
+		if e.err == nil && resp.StatusCode == http.StatusOK && e.method == http.MethodPost && !e.optional {
 			var c chunk
 			if err := json.Unmarshal(e.raw, &c); err != nil {
 				e.err = fmt.Errorf("200 body is not JSON: %w", err)

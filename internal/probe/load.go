@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math"
 	"net/http"
 	"sort"
 	"strings"
@@ -66,19 +67,25 @@ func normalize(b []byte) []byte {
 	return out
 }
 
+// noKey is foreign's exceptKey when every secret req lacks is foreign.
+const noKey = math.MinInt
+
 // foreign returns the first secret found in b that req, the body of the
-// request b answers, does not hold.
-func (s *canarySet) foreign(req, b []byte) (hit, bool) {
+// request b answers, does not hold, and that is not exceptKey's: a side
+// endpoint (/slots, /metrics) may show a key its own requests, but never
+// another key's.
+func (s *canarySet) foreign(req, b []byte, exceptKey int) (hit, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	theirs := func(c string) bool { return s.owner[c] != exceptKey && !bytes.Contains(req, []byte(c)) }
 	for c, o := range s.owner {
-		if bytes.Contains(b, []byte(c)) && !bytes.Contains(req, []byte(c)) {
+		if bytes.Contains(b, []byte(c)) && theirs(c) {
 			return hit{owner: o, exact: true, piece: c}, true
 		}
 	}
 	n := normalize(b)
 	for i := 0; i+ngram <= len(n); i++ {
-		if c, ok := s.pieces[string(n[i:i+ngram])]; ok && !bytes.Contains(req, []byte(c)) {
+		if c, ok := s.pieces[string(n[i:i+ngram])]; ok && theirs(c) {
 			return hit{owner: s.owner[c], piece: string(n[i : i+ngram])}, true
 		}
 	}
@@ -308,8 +315,57 @@ func (p *prober) load(ctx context.Context, bs []*baseline) *loadResult {
 			res.replays = append(res.replays, r)
 		}
 	}()
+	stopSide := make(chan struct{})
+	var side sync.WaitGroup
+	for k := range p.cfg.Keys {
+		side.Add(1)
+		go func() {
+			defer side.Done()
+			p.pollSide(ctx, k, stopSide)
+		}()
+	}
 	wg.Wait()
+	close(stopSide)
+	side.Wait()
 	return res
+}
+
+// sideEndpoints are the endpoints besides the API that servers answer
+// with state of their own: llama.cpp's /slots (every slot's prompt, with
+// --slots), /metrics (llama.cpp's --metrics; vLLM's), /props, /health,
+// SGLang's /get_server_info. During the load each key reads them; any other
+// key's secret in an answer is a leak like one in a completion.
+var sideEndpoints = []string{"/slots", "/metrics", "/props", "/health", "/get_server_info"}
+
+// pollSide reads sideEndpoints as key every 200 ms until stop (at most 30
+// rounds, 5 with Quick), and once more after it: a server keeps state of
+// finished requests (llama.cpp's /slots shows each slot's last prompt).
+func (p *prober) pollSide(ctx context.Context, key int, stop <-chan struct{}) {
+	rounds := 30
+	if p.cfg.Quick {
+		rounds = 5
+	}
+	round := func() {
+		for _, path := range sideEndpoints {
+			p.send(ctx, &exchange{key: key, method: http.MethodGet, path: path, desc: "GET " + path + " during the load", optional: true, side: true})
+		}
+	}
+	for range rounds {
+		round()
+		select {
+		case <-stop:
+			round()
+			return
+		case <-ctx.Done():
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	select {
+	case <-stop:
+		round()
+	case <-ctx.Done():
+	}
 }
 
 // canaryCheck looks for foreign secrets in everything the run received:
@@ -320,9 +376,21 @@ func (p *prober) canaryCheck(load *loadResult) (Check, Leak) {
 	all := append([]*exchange(nil), p.all...)
 	p.mu.Unlock()
 	trials, leaks := 0, 0
+	sideOK, sideLeaks := map[string]int{}, map[string]int{}
 	for _, e := range all {
 		if e.status == 0 && len(e.raw) == 0 {
 			continue // nothing came back to look at
+		}
+		except := noKey
+		if e.side {
+			if e.status != http.StatusOK {
+				continue // the server has no such endpoint
+			}
+			sideOK[e.path]++
+			if p.cfg.OneTenant {
+				continue // every secret is the reader's own tenant's
+			}
+			except = e.key
 		}
 		if e.foreign > 0 {
 			// A trial: a response that could have held another
@@ -330,13 +398,13 @@ func (p *prober) canaryCheck(load *loadResult) (Check, Leak) {
 			trials++
 		}
 		found := false
-		if h, ok := p.canaries.foreign(e.body, e.raw); ok {
+		if h, ok := p.canaries.foreign(e.body, e.raw, except); ok {
 			found = true
 			c.fail(e.evidence(describeHit(e, h, "body"), excerpt(e.raw, h.piece)))
 		}
 		for _, name := range sortedKeys(e.header) {
 			line := []byte(name + ": " + strings.Join(e.header[name], ", "))
-			if h, ok := p.canaries.foreign(e.body, line); ok {
+			if h, ok := p.canaries.foreign(e.body, line, except); ok {
 				found = true
 				c.fail(e.evidence(describeHit(e, h, "header "+name), line))
 			}
@@ -344,6 +412,9 @@ func (p *prober) canaryCheck(load *loadResult) (Check, Leak) {
 		if found {
 			leaks++
 			p.progress.leaks.Add(1)
+			if e.side {
+				sideLeaks[e.path]++
+			}
 		}
 	}
 	c.Requests = trials
@@ -356,6 +427,9 @@ func (p *prober) canaryCheck(load *loadResult) (Check, Leak) {
 	}
 	c.Numbers = map[string]any{"secrets": p.canaries.len(), "responses_scanned": trials, "leaks": leaks,
 		"copy_tasks": len(load.trials), "copy_tasks_answered": answered, "leak_rate_upper95": leak.Upper95}
+	for path, n := range sideOK {
+		c.Numbers["side_200"+strings.ReplaceAll(path, "/", "_")] = n
+	}
 	switch {
 	case c.Verdict == Pass && 2*answered < len(load.trials):
 		// Refusals hold no other tenant's data to leak: too few answers
@@ -367,6 +441,15 @@ func (p *prober) canaryCheck(load *loadResult) (Check, Leak) {
 			trials, p.canaries.len(), percent(leak.Upper95))
 	default:
 		c.Reason = fmt.Sprintf("%d of %d responses hold a secret that their request did not carry", leaks, trials)
+		if len(sideLeaks) > 0 {
+			var where []string
+			for _, path := range sideEndpoints {
+				if n := sideLeaks[path]; n > 0 {
+					where = append(where, fmt.Sprintf("%d from GET %s", n, path))
+				}
+			}
+			c.Reason += " (" + strings.Join(where, ", ") + ", read with one key while the others ran)"
+		}
 	}
 	if p.cfg.OneTenant {
 		c.Reason += " [the keys are one tenant to the server: this is isolation between requests, not between tenants]"

@@ -36,6 +36,7 @@ const (
 	// with an "error:" line (--no-context-shift).
 	faultTruncate   fault = "truncate"
 	faultSelfLeak   fault = "self-leak" // key 0's answers copy key 0's previous prompt (another request)
+	faultSlots      fault = "slots"     // /slots shows every tenant's prompt, not only the reader's
 	faultStreamDeny fault = "stream-deny"
 )
 
@@ -147,6 +148,23 @@ func (s *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		json.NewEncoder(w).Encode(map[string]any{"count": len(ids), "tokens": ids, "max_model_len": fakeWindow})
+	case "/slots":
+		if s.dialect != dialectLlama {
+			s.fail(w, 404, "no such path")
+			return
+		}
+		// Like llama.cpp's --slots: each slot's prompt; but only the
+		// reader's own unless the fake is broken that way.
+		s.mu.Lock()
+		slots := []map[string]any{}
+		for t, pr := range s.last {
+			if t == tenant || s.fault == faultSlots {
+				slots = append(slots, map[string]any{"id": t, "prompt": string(pr)})
+			}
+		}
+		s.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(slots)
 	case "/v1/completions", "/v1/chat/completions":
 		s.complete(w, r, tenant, r.URL.Path == "/v1/chat/completions")
 	default:
@@ -355,6 +373,10 @@ func TestProbeFakeServer(t *testing.T) {
 		{fault: faultLeak, check: "canaries"},
 		{fault: faultLeak, check: "canaries", dialect: dialectLlama, oneTenant: true},
 		{fault: faultSelfLeak, check: "canaries", dialect: dialectLlama, oneTenant: true, keys: []string{"key-a"}},
+		{fault: faultSlots, check: "canaries", dialect: dialectLlama},
+		// Every prompt is the one tenant's own: /slots showing them all is
+		// no leak.
+		{fault: faultSlots, dialect: dialectLlama, oneTenant: true, skip: []string{"prefix-cache"}, windowSrc: "/props n_ctx", tokenize: tokLlama},
 		{fault: faultPromptOne, check: "boundary"},
 		{fault: faultAbort200, check: "abort-storm"},
 		{fault: faultNondet, check: "determinism"},
@@ -419,6 +441,9 @@ func TestProbeFakeServer(t *testing.T) {
 			}
 			if c := r.Check("prefix-cache"); tc.fault == faultSharedCache && !tc.oneTenant && len(c.Evidence) != 2 {
 				t.Errorf("prefix-cache: %d evidence, want one per direction\n%s", len(c.Evidence), sum.String())
+			}
+			if tc.fault == faultSlots && !tc.oneTenant && !strings.Contains(sum.String(), "request: key 0, GET /slots") && !strings.Contains(sum.String(), "request: key 1, GET /slots") {
+				t.Errorf("no /slots evidence\n%s", sum.String())
 			}
 			if (tc.fault == faultLeak || tc.fault == faultSelfLeak) && r.Leak.Leaks == 0 {
 				t.Errorf("leak stats %+v", r.Leak)
@@ -488,7 +513,7 @@ func TestCanarySet(t *testing.T) {
 		{"a piece of another request's secret of the same key", reqA, a2[5 : 5+ngram], 0, false},
 		{"nothing", reqA, "hello world", -1, false},
 	} {
-		h, ok := s.foreign(tc.req, []byte(tc.text))
+		h, ok := s.foreign(tc.req, []byte(tc.text), noKey)
 		if ok != (tc.owner >= 0) || ok && (h.owner != tc.owner || h.exact != tc.exact) {
 			t.Errorf("%s: %+v %v, want owner %d exact %v", tc.name, h, ok, tc.owner, tc.exact)
 		}
