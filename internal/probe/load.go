@@ -409,6 +409,9 @@ func (p *prober) canaryCheck(load *loadResult) (Check, Leak) {
 				c.fail(e.evidence(describeHit(e, h, "header "+name), line))
 			}
 		}
+		if !p.cfg.OneTenant && p.keyIn(&c, e) {
+			found = true
+		}
 		if found {
 			leaks++
 			p.progress.leaks.Add(1)
@@ -440,7 +443,7 @@ func (p *prober) canaryCheck(load *loadResult) (Check, Leak) {
 		c.Reason = fmt.Sprintf("no foreign secret (another key's or another request's) in %d responses (bodies, stream events, headers) holding %d secrets; leak rate ≤ %s (95%% upper bound)",
 			trials, p.canaries.len(), percent(leak.Upper95))
 	default:
-		c.Reason = fmt.Sprintf("%d of %d responses hold a secret that their request did not carry", leaks, trials)
+		c.Reason = fmt.Sprintf("%d of %d responses hold a secret (or an API key) that their request did not carry", leaks, trials)
 		if len(sideLeaks) > 0 {
 			var where []string
 			for _, path := range sideEndpoints {
@@ -455,6 +458,39 @@ func (p *prober) canaryCheck(load *loadResult) (Check, Leak) {
 		c.Reason += " [the keys are one tenant to the server: this is isolation between requests, not between tenants]"
 	}
 	return c, leak
+}
+
+// keyIn fails c when e's body or headers hold another key's API key (a
+// server that shows its configuration, or echoes credentials), with the
+// key itself replaced in the evidence: the report never holds a key.
+func (p *prober) keyIn(c *Check, e *exchange) bool {
+	found := false
+	for j, k := range p.cfg.Keys {
+		if e.key >= 0 && k == p.cfg.Keys[e.key] {
+			continue // its own (one key given twice is one key)
+		}
+		where := ""
+		var at []byte
+		if bytes.Contains(e.raw, []byte(k)) {
+			where, at = "body", excerpt(e.raw, k)
+		}
+		for _, name := range sortedKeys(e.header) {
+			if line := []byte(name + ": " + strings.Join(e.header[name], ", ")); where == "" && bytes.Contains(line, []byte(k)) {
+				where, at = "header "+name, line
+			}
+		}
+		if where == "" {
+			continue
+		}
+		found = true
+		redacted := bytes.ReplaceAll(at, []byte(k), []byte(fmt.Sprintf("<key %d>", j)))
+		for i, other := range p.cfg.Keys {
+			redacted = bytes.ReplaceAll(redacted, []byte(other), []byte(fmt.Sprintf("<key %d>", i)))
+		}
+		ev := e.evidence(fmt.Sprintf("%s of key %d's answer holds key %d's API key", where, e.key, j), redacted)
+		c.fail(ev)
+	}
+	return found
 }
 
 func describeHit(e *exchange, h hit, where string) string {

@@ -37,6 +37,7 @@ const (
 	faultTruncate   fault = "truncate"
 	faultSelfLeak   fault = "self-leak" // key 0's answers copy key 0's previous prompt (another request)
 	faultSlots      fault = "slots"     // /slots shows every tenant's prompt, not only the reader's
+	faultKeys       fault = "keys"      // /props shows the server's API keys
 	faultStreamDeny fault = "stream-deny"
 )
 
@@ -120,7 +121,11 @@ func (s *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"default_generation_settings":{"n_ctx":%d},"total_slots":4,"build_info":"b4748-c392e509"}`, fakeWindow)
+		keys := ""
+		if s.fault == faultKeys {
+			keys = `"api_keys":["key-a","key-b"],`
+		}
+		fmt.Fprintf(w, `{"default_generation_settings":{"n_ctx":%d},%s"total_slots":4,"build_info":"b4748-c392e509"}`, fakeWindow, keys)
 	case "/tokenize":
 		if s.dialect == dialectBare {
 			s.fail(w, 404, "no such path")
@@ -374,6 +379,7 @@ func TestProbeFakeServer(t *testing.T) {
 		{fault: faultLeak, check: "canaries", dialect: dialectLlama, oneTenant: true},
 		{fault: faultSelfLeak, check: "canaries", dialect: dialectLlama, oneTenant: true, keys: []string{"key-a"}},
 		{fault: faultSlots, check: "canaries", dialect: dialectLlama},
+		{fault: faultKeys, check: "canaries", dialect: dialectLlama},
 		// Every prompt is the one tenant's own: /slots showing them all is
 		// no leak.
 		{fault: faultSlots, dialect: dialectLlama, oneTenant: true, skip: []string{"prefix-cache"}, windowSrc: "/props n_ctx", tokenize: tokLlama},
@@ -441,6 +447,9 @@ func TestProbeFakeServer(t *testing.T) {
 			}
 			if c := r.Check("prefix-cache"); tc.fault == faultSharedCache && !tc.oneTenant && len(c.Evidence) != 2 {
 				t.Errorf("prefix-cache: %d evidence, want one per direction\n%s", len(c.Evidence), sum.String())
+			}
+			if tc.fault == faultKeys && !strings.Contains(sum.String(), "holds key 1's API key") {
+				t.Errorf("no evidence of the exposed key\n%s", sum.String())
 			}
 			if tc.fault == faultSlots && !tc.oneTenant && !strings.Contains(sum.String(), "request: key 0, GET /slots") && !strings.Contains(sum.String(), "request: key 1, GET /slots") {
 				t.Errorf("no /slots evidence\n%s", sum.String())
