@@ -47,11 +47,12 @@ func awaitCounter(d time.Duration, f func() uint64) uint64 {
 	}
 }
 
-// TestMutantIncidentCaughtByCounters: mutant (a), a client abort handled
-// as the incident's engine did (the abort in a side table, the running
-// request shrunk to a 1-token placeholder and queued again with its state
-// untouched), is caught by the must-be-zero counters that the canary soak
-// (internal/cli TestCanarySoak) and production alerts check on every node:
+// TestMutantIncidentCaughtByCounters: mutants (a) and (a2), a client abort
+// handled as the incident's engine did (the abort in a side table, the
+// running request shrunk to a 1-token placeholder and queued again with
+// its state untouched; or only the side table, the request running on), are
+// caught by the must-be-zero counters that the canary soak (internal/cli
+// TestCanarySoak) and production alerts check on every node:
 // pagewarden_invariant_violations_total (the queue refuses a request that
 // is not Admitted) or pagewarden_aborted_but_completed_total (a request
 // finished after its abort).
@@ -59,10 +60,18 @@ func TestMutantIncidentCaughtByCounters(t *testing.T) {
 	nonStrict(t)
 	single := startSingle(t)
 	ps := prompts(t, single)
-	for _, mutated := range []bool{false, true} {
-		t.Run(fmt.Sprintf("mutant=%v", mutated), func(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  func() (restore func())
+	}{
+		{"no mutant", nil},
+		{"placeholder queued", sched.IncidentForControls},
+		{"abort in a side table", sched.AbortSideTableForControls},
+	} {
+		mutated := tc.set != nil
+		t.Run(tc.name, func(t *testing.T) {
 			if mutated {
-				t.Cleanup(sched.IncidentForControls()) // after the cluster closes
+				t.Cleanup(tc.set()) // after the cluster closes
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()

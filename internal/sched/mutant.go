@@ -107,4 +107,13 @@ func IncidentForControls() (restore func()) {
 	return func() { controlMutant.Store(uint32(mutantNone)) }
 }
 
+// AbortSideTableForControls makes every core record a client abort in a
+// side table and nowhere else (mutantSideTable): the request keeps running
+// and finishes "successfully", as the incident's engine let it. Restore
+// after.
+func AbortSideTableForControls() (restore func()) {
+	controlMutant.Store(uint32(mutantSideTable))
+	return func() { controlMutant.Store(uint32(mutantNone)) }
+}
+
 var controlMutant atomic.Uint32

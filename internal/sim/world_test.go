@@ -159,8 +159,9 @@ func (nw *network) damage(m transfer.Message) transfer.Message {
 	w := nw.w
 	switch m := m.(type) {
 	case *transfer.Grant:
-		if w.quiet {
-			return m
+		_, torn := nw.torn[m.ID]
+		if w.quiet || torn || nw.short[m.ID] {
+			return m // decided once per handoff, whatever copies follow
 		}
 		ps := w.layout.PageSize
 		last := m.PromptTokens - (m.PageCount-1)*ps
