@@ -160,15 +160,24 @@ func BenchmarkAuditOverhead(b *testing.B) {
 		b.Run(fmt.Sprintf("rate=%g", rate), func(b *testing.B) {
 			s := startE2E(b, e2eConfig{model: *auditModel, tenants: ids, node: benchNodeOptions(), direct: true, scrubAsGiven: true, auditRate: rate})
 			r := runLoad(b, s, ids, loadgen.Config{Concurrency: 16, Requests: 32, MaxTokens: 64, PromptTokens: 64, RequestTimeout: 5 * time.Minute})
-			// The replays still queued run now: wait until the count has
-			// not moved for 5 s (longer than one replay takes).
-			for last, still := -1.0, 0; still < 100; time.Sleep(50 * time.Millisecond) {
+			// The replays still queued run now (at the lowest priority,
+			// most of them wait for the load to end): wait until the
+			// count has not moved for 20 s (longer than one replay takes
+			// on a loaded machine),
+			// and report how long after the load the last one ended —
+			// the audit's work that the load did not pay for.
+			loadEnd, lastMove := time.Now(), time.Now()
+			for last, still := -1.0, 0; still < 400; time.Sleep(50 * time.Millisecond) {
 				if n := s.metricValue("pagewarden_audit_replays_total"); n != last {
+					if last >= 0 {
+						lastMove = time.Now()
+					}
 					last, still = n, 0
 				} else {
 					still++
 				}
 			}
+			b.ReportMetric(lastMove.Sub(loadEnd).Seconds(), "drain-s")
 			// Request latency as the clients saw it; inter-token latency
 			// as the gateway timed it (pagewarden_inter_token_latency_seconds,
 			// every token of the tenants' requests, text or not: the
