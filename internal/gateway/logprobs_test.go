@@ -9,6 +9,7 @@ import (
 
 	"github.com/pagewarden/pagewarden/internal/gateway"
 	"github.com/pagewarden/pagewarden/internal/gateway/gatewaytest"
+	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
 	"github.com/pagewarden/pagewarden/internal/request"
 )
 
@@ -349,5 +350,32 @@ func TestAuditRescore(t *testing.T) {
 	}
 	if lines != 4 {
 		t.Errorf("%d ERROR lines, want 4", lines)
+	}
+}
+
+// TestAuditTolerance: with AuditTolerance, a re-score within it matches
+// (nodes computing with other kernels), one beyond it does not.
+func TestAuditTolerance(t *testing.T) {
+	for _, tc := range []struct {
+		tol    float64
+		result string
+	}{{0.25, "mismatch"}, {0.75, "match"}} {
+		fake := &gatewaytest.Fake{Model: "fake-model", Window: 4096, PageSize: 16, Pages: 1 << 16,
+			Behave: func(p request.Params) gatewaytest.Behavior {
+				if p.Owner.Tenant != gateway.AuditTenant {
+					return gatewaytest.Behavior{Fault: gatewaytest.FaultShiftLogprobs} // 0.5 off
+				}
+				return gatewaytest.Behavior{}
+			}}
+		h := newHarness(t, fake, func(c *gateway.Config) { c.AuditRate, c.AuditTolerance = 1, tc.tol })
+		if r := h.post("/v1/chat/completions", keyAlpha, chatBody(nil)); r.status != http.StatusOK {
+			t.Fatalf("status %d: %s", r.status, r.body)
+		}
+		eventually(t, "the re-score", func() bool {
+			return metricValue(t, h, fmt.Sprintf(`pagewarden_audit_replays_total{result=%q}`, tc.result)) == "1"
+		})
+	}
+	if _, err := gateway.New(gateway.Config{Backend: gatewaytest.NewFake(), Tenants: testTenants(tenants.Limits{}, tenants.Limits{}), AuditTolerance: -1}); err == nil || !strings.Contains(err.Error(), "audit tolerance") {
+		t.Errorf("AuditTolerance -1: %v", err)
 	}
 }
