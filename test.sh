@@ -75,6 +75,8 @@ go test -count=1 -tags pw_mutants -run 'TestMutantsCaught' ./internal/sim/
 # into running sequences behind the ownership check, on every test model;
 # each contaminated answer's teacher-forced re-score must differ (~30 s).
 go test -count=1 -tags pw_mutants -run 'TestAuditCatchesSwappedPage' ./internal/engine/
+# ... and through the gateway's audit (mismatch logged with pages, ~1 s).
+go test -count=1 -tags pw_mutants -run 'TestReplayAuditCatchesSwappedPage' ./internal/node/
 echo "== go test -race -short (concurrent packages)"
 go test -count=1 -race -short -timeout 20m $(go list ./internal/... | grep -E '/(kvcache|sched|gateway|kernels|engine|node|loadgen|probe|cli|transfer|link|disagg|cluster)($|/)')
 echo "== go test -tags purego -short (the whole suite on the reference kernels)"
