@@ -149,7 +149,7 @@ func (p *prober) errorHygiene(ctx context.Context) Check {
 	if c.Verdict == Pass {
 		c.Reason = fmt.Sprintf("%d malformed requests refused with a 4xx; all %d error answers of the run are OpenAI-shaped JSON without traces", len(cases), errs-optional)
 		if optional > 0 {
-			c.Reason += fmt.Sprintf(" (and %d error answers of endpoints outside the OpenAI API, /tokenize or /props, without traces)", optional)
+			c.Reason += fmt.Sprintf(" (and %d error answers of endpoints outside the OpenAI API, /tokenize, /props, /slots and the like, without traces)", optional)
 		}
 	} else {
 		c.Reason = fmt.Sprintf("%d error answers are wrong", len(c.Evidence))

@@ -392,9 +392,11 @@ func (p *prober) canaryCheck(load *loadResult) (Check, Leak) {
 			}
 			except = e.key
 		}
-		if e.foreign > 0 {
+		if e.foreign > 0 && !e.side {
 			// A trial: a response that could have held another
 			// key's secret. Earlier ones are scanned all the same.
+			// Side reads are not trials: most (/health) cannot hold
+			// a secret at all, and would only lower the bound.
 			trials++
 		}
 		found := false
@@ -413,10 +415,11 @@ func (p *prober) canaryCheck(load *loadResult) (Check, Leak) {
 			found = true
 		}
 		if found {
-			leaks++
 			p.progress.leaks.Add(1)
 			if e.side {
 				sideLeaks[e.path]++
+			} else {
+				leaks++
 			}
 		}
 	}
@@ -430,8 +433,11 @@ func (p *prober) canaryCheck(load *loadResult) (Check, Leak) {
 	}
 	c.Numbers = map[string]any{"secrets": p.canaries.len(), "responses_scanned": trials, "leaks": leaks,
 		"copy_tasks": len(load.trials), "copy_tasks_answered": answered, "leak_rate_upper95": leak.Upper95}
+	sideLeaked := 0
 	for path, n := range sideOK {
 		c.Numbers["side_200"+strings.ReplaceAll(path, "/", "_")] = n
+		c.Numbers["side_leaks"+strings.ReplaceAll(path, "/", "_")] = sideLeaks[path]
+		sideLeaked += sideLeaks[path]
 	}
 	switch {
 	case c.Verdict == Pass && 2*answered < len(load.trials):
@@ -442,16 +448,25 @@ func (p *prober) canaryCheck(load *loadResult) (Check, Leak) {
 	case c.Verdict == Pass:
 		c.Reason = fmt.Sprintf("no foreign secret (another key's or another request's) in %d responses (bodies, stream events, headers) holding %d secrets; leak rate ≤ %s (95%% upper bound)",
 			trials, p.canaries.len(), percent(leak.Upper95))
+		var read []string
+		for _, path := range sideEndpoints {
+			if n := sideOK[path]; n > 0 {
+				read = append(read, fmt.Sprintf("%d× %s", n, path))
+			}
+		}
+		if len(read) > 0 && !p.cfg.OneTenant {
+			c.Reason += "; no other key's secret or API key in the side endpoints read during the load (" + strings.Join(read, ", ") + ")"
+		}
 	default:
 		c.Reason = fmt.Sprintf("%d of %d responses hold a secret (or an API key) that their request did not carry", leaks, trials)
-		if len(sideLeaks) > 0 {
+		if sideLeaked > 0 {
 			var where []string
 			for _, path := range sideEndpoints {
 				if n := sideLeaks[path]; n > 0 {
-					where = append(where, fmt.Sprintf("%d from GET %s", n, path))
+					where = append(where, fmt.Sprintf("%d of %d reads of GET %s", n, sideOK[path], path))
 				}
 			}
-			c.Reason += " (" + strings.Join(where, ", ") + ", read with one key while the others ran)"
+			c.Reason += "; another key's secret or API key in " + strings.Join(where, ", ") + " (read with one key while the others ran)"
 		}
 	}
 	if p.cfg.OneTenant {
