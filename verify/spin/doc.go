@@ -10,11 +10,14 @@
 // (kvcache.Pool: ledger, epochs, scrub, quarantine), over a network that
 // loses, duplicates and reorders messages, with aborts at every step.
 //
-// What it promises, for every interleaving within its bounds:
+// What it promises, for every interleaving within its bounds (one
+// handed-off request beside a local tenant, or two handed-off requests of
+// two tenants sharing the decode pool):
 //
 //   - attention never reads a page that is not owned by the reading
 //     request under its current allocation epoch and fully written by
-//     that request under that epoch (I2, I3);
+//     that request under that epoch (I2, I3), and in particular never a
+//     position holding another request's bytes;
 //   - a committed handoff is exactly the reserved prompt: every reserved
 //     page written, each with the positions the prompt implies (I6);
 //   - no page is freed or handed out again while a write into it is in
@@ -24,6 +27,9 @@
 //   - every page of the decode pool is eventually free or quarantined
 //     (liveness, under weak fairness).
 //
+// The incident's variant (no page-count check, pages reused unscrubbed)
+// must yield a counterexample in which attention reads the other
+// request's bytes, and the test requires the trail to show that read.
 // The model's variables and transitions are mapped to the Go code in
 // docs/spin.md, with the bounds and what they leave out. The test skips,
 // loudly, when spin or a C compiler is missing (test.sh installs the

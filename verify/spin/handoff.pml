@@ -15,20 +15,36 @@
  * gateway tries each decode node once, and the model has one). Options:
  *   LOCAL_TENANT  a second tenant's request L runs on the decode node
  *                 itself and takes the pages A gives back;
- *   TWO_REQUESTS  a second handed-off request B (2-token prompt, 1 page):
- *                 beyond a CI run's budget;
+ *   TWO_REQUESTS  a second handed-off request B (2-token prompt, 1 page)
+ *                 of another tenant, over the same network and pool: the
+ *                 pages one gives back are the other's next. Both are
+ *                 submitted at the start (decode may take either Generate
+ *                 at any step). Every abort of both at once is beyond a CI
+ *                 run, so these take some of a request's behaviours away:
+ *     A_NO_CLIENT_ABORT, B_NO_CLIENT_ABORT  its client never leaves;
+ *     A_NO_LEASE_EXPIRY, B_NO_LEASE_EXPIRY  its lease never expires;
+ *     A_CORRECT_PREFILL, B_CORRECT_PREFILL  its prefill computes the
+ *                 granted prompt (no placeholder, no failure);
+ *     A_PLAIN, B_PLAIN  all three;
  *   MAXLOSS=n, MAXDUP=n  messages the network loses or duplicates (0);
  *   RETRY=n       re-sends of an unacknowledged Abort per party (0);
  *   ASYNC_WRITES  page copies land after PageArrived returns (the core's
  *                 general contract; disagg's driver copies at once), so
  *                 drains and fences are reachable;
- *   LIVENESS      the LTL property pages_settle (pan -a -f).
+ *   LIVENESS      the LTL property pages_settle (pan -a -f);
+ *   FOREIGN_ONLY  assert only the cross-tenant property at attention (no
+ *                 position read holds another request's bytes), so that
+ *                 a counterexample goes on to the read itself.
  * verify/spin/spin_test.go runs the combinations CI checks.
  *
  * Variants (spin -D...):
  *   BROKEN_INCIDENT       the incident: decode takes the reservation's word
- *                         for the prompt (NO_MANIFEST_CHECKS +
- *                         TRUST_RESERVATION + NO_POOL_COMMIT_CHECK).
+ *                         for the prompt and pages are reused unscrubbed
+ *                         (NO_MANIFEST_CHECKS + TRUST_RESERVATION +
+ *                         NO_POOL_COMMIT_CHECK + NO_SCRUB).
+ *   NO_SCRUB              kvcache.freePage leaves a page's bytes in place
+ *                         (the incident's engine: "pages are not zeroed
+ *                         before reuse").
  *   NO_MANIFEST_CHECKS    transfer.DisableManifestChecks: the receiver skips
  *                         the layout, page-count, filled, total and digest
  *                         checks.
@@ -44,6 +60,17 @@
 #define NO_MANIFEST_CHECKS
 #define TRUST_RESERVATION
 #define NO_POOL_COMMIT_CHECK
+#define NO_SCRUB
+#endif
+#ifdef A_PLAIN
+#define A_NO_CLIENT_ABORT
+#define A_NO_LEASE_EXPIRY
+#define A_CORRECT_PREFILL
+#endif
+#ifdef B_PLAIN
+#define B_NO_CLIENT_ABORT
+#define B_NO_LEASE_EXPIRY
+#define B_CORRECT_PREFILL
 #endif
 
 #define NR 2          /* requests: 0 = A, 1 = B */
@@ -173,6 +200,11 @@ byte nepoch;
  * allocation epoch it held the page under; 0 after a scrub), how many
  * positions, and whether a copy into it is in flight. */
 byte wown[NP]; byte wep[NP]; byte wfill[NP];
+/* wprev: whose bytes the positions at and after wfill still hold (0: none,
+ * zeros): a write of fewer positions than a page leaves the rest as they
+ * were, which after a scrub is nothing and without one (NO_SCRUB, the
+ * incident's engine) is the previous owner's KV. */
+byte wprev[NP];
 bit pwr[NP];
 
 /* ---- Decode node: sched.Core's requests (lifecycle and sequence) ---- */
@@ -240,7 +272,9 @@ bit gawDec[NR]; bit gawPf[NR]; byte gretry[NR];
 inline freePage(p) {
   assert(pwr[p] == 0);          /* I7: no free while a writer is in flight */
   pst[p] = P_FREE; pown[p] = 0; pep[p] = 0; pfill[p] = 0;
-  wown[p] = 0; wep[p] = 0; wfill[p] = 0
+#ifndef NO_SCRUB
+  wown[p] = 0; wep[p] = 0; wfill[p] = 0; wprev[p] = 0
+#endif
 }
 
 /* Pool.Release / Pool.Abort of r's sequence: free, or quarantine on a
@@ -392,7 +426,9 @@ inline commitImport(r, tokens, i, p, ok) {
         do
         :: i < NPG(r) ->
            p = stab[IX(r, i)];
+#ifndef FOREIGN_ONLY
            assert(wown[p] == r + 1 && wep[p] == pep[p] && wfill[p] == EXPFILL(PROMPT(r), i));
+#endif
            i++
         :: else -> break
         od;
@@ -451,6 +487,9 @@ inline land(r, i, p, n, ok, k) {
      :: sst[r] == S_PREFILL && sseq[r] && slen[r] == 0 ->
         /* the ledger says the sequence owns the page (always, here) */
         assert(pst[p] == P_OWNED && pown[p] == r + 1 && pep[p] == sep[IX(r, i)]);
+        /* positions n.. keep what they held: the old writer's where it
+         * had written them, else what was there before it */
+        wprev[p] = (wfill[p] > n -> wown[p] : wprev[p]);
         wown[p] = r + 1; wep[p] = pep[p]; wfill[p] = n;
         simp[IX(r, i)] = n
      :: else -> ok = 1     /* no import pending: the driver aborts the handoff */
@@ -610,8 +649,12 @@ end_loop:
   :: d_step { dcopy[IX(1, 0)] > 0 -> r = 1; i = 0; land(r, i, p, n, ok, k) }
 #endif
   /* Tick: a lease expires (heartbeats lost or late: any time). */
+#ifndef A_NO_LEASE_EXPIRY
   :: d_step { rph[0] == R_RECV -> printf("decode: lease of r0 expired\n"); rAbort(0, O_REAPED, NOBODY, i, p); i = 0; p = 0 }
+#endif
+#ifndef B_NO_LEASE_EXPIRY
   :: d_step { rph[1] == R_RECV -> printf("decode: lease of r1 expired\n"); rAbort(1, O_REAPED, NOBODY, i, p); i = 0; p = 0 }
+#endif
   /* Tick: the drain deadline passes with a writer in flight. */
   :: d_step { rph[0] == R_DRAIN && rwriting[0] > 0 -> rFence(0, i, p); i = 0; p = 0 }
   :: d_step { rph[1] == R_DRAIN && rwriting[1] > 0 -> rFence(1, i, p); i = 0; p = 0 }
@@ -649,21 +692,38 @@ inline decodeStep(r, i, p, want) {
      :: want ->
         /* Attention reads positions [0, slen): each page it reads must
          * hold this request's bytes, written under its current
-         * allocation, for every position read (I2, I3). */
+         * allocation, for every position read (I2, I3). First the
+         * cross-tenant property alone: no position read holds another
+         * request's bytes ([0, wfill) are wown's, the rest wprev's). */
         i = 0;
         do
         :: i < NPG(r) ->
            p = stab[IX(r, i)];
            if
            :: EXPFILL(slen[r], i) > 0 ->
+              if
+              :: (wfill[p] > 0 && wown[p] != 0 && wown[p] != r + 1) ||
+                 (EXPFILL(slen[r], i) > wfill[p] && wprev[p] != 0 && wprev[p] != r + 1) ->
+                 printf("FOREIGN READ: r%d's attention reads page %d, whose first %d positions hold owner %d's bytes and the rest owner %d's (owners: 1 r0, 2 r1, 3 L, 0 nobody)\n",
+                        r, p, wfill[p], wown[p], wprev[p]);
+                 assert(false)
+              :: else
+              fi;
+#ifndef FOREIGN_ONLY
               assert(pst[p] == P_OWNED && pown[p] == r + 1 && wown[p] == r + 1 &&
                      wep[p] == pep[p] && wfill[p] >= EXPFILL(slen[r], i))
+#endif
            :: else
            fi;
            i++
         :: else -> break
         od;
         /* Lifecycle.Finish, pages back scrubbed */
+#ifdef NO_SCRUB
+        printf("engine: r%d finished; its pages are freed, not scrubbed\n", r);
+#else
+        printf("engine: r%d finished; its pages are scrubbed and freed\n", r);
+#endif
         dropPages(r, 0, i, p);
         sst[r] = S_FINISHED
      :: else ->
@@ -695,7 +755,8 @@ end_loop:
      assert(pwr[p] == 0);
      nepoch++;
      pst[p] = P_OWNED; pown[p] = LOWNER; pep[p] = nepoch;
-     wown[p] = LOWNER; wep[p] = nepoch; wfill[p] = PS; pfill[p] = PS;
+     wown[p] = LOWNER; wep[p] = nepoch; wfill[p] = PS; wprev[p] = 0; pfill[p] = PS;
+     printf("engine: L takes page %d and writes it\n", p);
      lpage = p; lep = nepoch; lst = 1; p = 0 }
   :: d_step {
      lst == 1 ->
@@ -703,11 +764,12 @@ end_loop:
      if
      :: pst[lpage] == P_OWNED && pown[lpage] == LOWNER && pep[lpage] == lep ->
         assert(wown[lpage] == LOWNER && wep[lpage] == pep[lpage] && wfill[lpage] >= PS);
+        printf("engine: L finished; page %d freed\n", lpage);
         freePage(lpage)
      :: else -> pst[lpage] = P_QUAR
      fi;
      lst = 2; lpage = 0; lep = 0 }
-  :: d_step { lst == 1 -> freePage(lpage); lst = 2; lpage = 0; lep = 0 }   /* aborted */
+  :: d_step { lst == 1 -> printf("engine: L aborted; page %d freed\n", lpage); freePage(lpage); lst = 2; lpage = 0; lep = 0 }
 #endif
   /* sched reap / Pool.ScrubQuarantined: a quarantined page is scrubbed and
    * freed (no batch in flight: steps are atomic here). */
@@ -804,11 +866,15 @@ end_loop:
    * the sender being right. */
   /* Prefill's job ends: the granted prompt, the placeholder, or a failure. */
   :: d_step { hjob[0] && hph[0] == H_SENDING -> computeFull(0) }
+#ifndef A_CORRECT_PREFILL
   :: d_step { hjob[0] && hph[0] == H_SENDING -> computeShort(0) }
   :: d_step { hjob[0] && hph[0] == H_SENDING -> computeFail(0) }
+#endif
   :: d_step { hjob[1] && hph[1] == H_SENDING -> computeFull(1) }
+#ifndef B_CORRECT_PREFILL
   :: d_step { hjob[1] && hph[1] == H_SENDING -> computeShort(1) }
   :: d_step { hjob[1] && hph[1] == H_SENDING -> computeFail(1) }
+#endif
   /* Tick: unacknowledged aborts again; AbortTTL forgets the handoff. */
   :: d_step {
      hph[0] == H_ENDED && hretry[0] < RETRY ->
@@ -843,19 +909,22 @@ proctype Gateway() {
 end_loop:
   do
   /* A client's request: Router.Submit, reserve (Generate to decode). */
+#ifndef TWO_REQUESTS
   :: d_step { gst[0] == G_IDLE -> printf("gateway: r0 submitted\n"); gst[0] = G_WAIT; sendD(DK_GEN, 0, 0) }
-#ifdef TWO_REQUESTS
-  :: d_step { gst[1] == G_IDLE -> gst[1] = G_WAIT; sendD(DK_GEN, 1, 0) }
 #endif
   /* The client leaves: Router.abort (once). */
+#ifndef A_NO_CLIENT_ABORT
   :: d_step {
      gst[0] == G_WAIT && !gaborting[0] ->
      gaborting[0] = 1; sendD(DK_ABORT, 0, FROM_GW); gawDec[0] = 1;
      if :: ggranted[0] -> sendP(PK_ABORT, 0, FROM_GW); gawPf[0] = 1 :: else fi }
+#endif
+#ifndef B_NO_CLIENT_ABORT
   :: d_step {
      gst[1] == G_WAIT && !gaborting[1] ->
      gaborting[1] = 1; sendD(DK_ABORT, 1, FROM_GW); gawDec[1] = 1;
      if :: ggranted[1] -> sendP(PK_ABORT, 1, FROM_GW); gawPf[1] = 1 :: else fi }
+#endif
   /* AbortWait passes without a result. */
   :: d_step { gst[0] == G_WAIT && gaborting[0] -> gEnd(0, GR_ABORT) }
   :: d_step { gst[1] == G_WAIT && gaborting[1] -> gEnd(1, GR_ABORT) }
@@ -928,6 +997,16 @@ end_loop:
 
 init {
   atomic {
+#ifdef TWO_REQUESTS
+    /* Both requests are submitted at the start: a Generate waits in the
+     * bag until decode takes it, which it may do at any later step, so
+     * this is every submission order and time, without the interleavings
+     * of the submissions themselves. (Each Generate holds a place in
+     * decode's inbox meanwhile: CAPD counts it.) */
+    printf("gateway: r0 and r1 submitted\n");
+    gst[0] = G_WAIT; sendD(DK_GEN, 0, 0);
+    gst[1] = G_WAIT; sendD(DK_GEN, 1, 0);
+#endif
     run Gateway(); run Decode(); run Prefill(); run Engine()
   }
 }

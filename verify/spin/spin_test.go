@@ -19,12 +19,27 @@ type check struct {
 	defines []string
 	live    bool // pan -a -f: acceptance cycles under weak fairness
 	broken  bool // must yield a counterexample
+	// shows is what a broken variant's counterexample must show (a line
+	// of the model's own account of the run).
+	shows string
 }
 
 // The CI bounds (docs/spin.md says what each covers and leaves out). Two
 // tenants exhaustively with every fault at once is out of reach of a CI
 // run, so the faults are split over runs that each finish in seconds.
 var checks = []check{
+	// Two handed-off requests (A: 3 tokens, 2 pages; B: 2 tokens, 1 page)
+	// share the decode pool: the pages one gives back are the other's
+	// next, and the late messages of one find the other in its pages.
+	// Every abort of both at once is beyond a CI run (docs/spin.md), so
+	// each run gives one request its aborts and keeps the other plain.
+	{name: "two requests: A aborted at any step (lease, prefill failure, placeholder), B plain", defines: []string{"TWO_REQUESTS", "A_NO_CLIENT_ABORT", "B_PLAIN"}},
+	{name: "two requests: A's client leaves at any step, B plain", defines: []string{"TWO_REQUESTS", "A_NO_LEASE_EXPIRY", "A_CORRECT_PREFILL", "B_PLAIN"}},
+	{name: "two requests: B aborted at any step (lease, prefill failure, placeholder), A plain", defines: []string{"TWO_REQUESTS", "A_PLAIN", "B_NO_CLIENT_ABORT"}},
+	{name: "two requests, a lost message", defines: []string{"TWO_REQUESTS", "A_NO_CLIENT_ABORT", "B_PLAIN", "MAXLOSS=1"}},
+	// B has no lease here, so inboxes that never overflow keep it from
+	// waiting for ever on a message a full inbox lost.
+	{name: "two requests, liveness: every page ends free or quarantined", defines: []string{"TWO_REQUESTS", "A_NO_CLIENT_ABORT", "B_PLAIN", "CAPD=6", "CAPG=5", "CAPP=3", "LIVENESS"}, live: true},
 	{name: "two tenants, reordering and full inboxes", defines: []string{"LOCAL_TENANT"}},
 	{name: "two tenants, asynchronous page writers", defines: []string{"LOCAL_TENANT", "ASYNC_WRITES"}},
 	{name: "one request, a lost message", defines: []string{"MAXLOSS=1"}},
@@ -34,7 +49,15 @@ var checks = []check{
 	// kvcache's own checks of the commit still stop the placeholder.
 	{name: "receiver's manifest checks off, the pool's check holds", defines: []string{"LOCAL_TENANT", "NO_MANIFEST_CHECKS"}},
 	// Positive controls: each must produce a counterexample.
-	{name: "broken: the incident (decode trusts the reservation's page count)", defines: []string{"LOCAL_TENANT", "BROKEN_INCIDENT"}, broken: true},
+	// The incident: no page-count check, no scrub. Checked for the
+	// cross-tenant property alone (FOREIGN_ONLY), so that the
+	// counterexample goes on to what attention reads: the other request's
+	// bytes in a page the placeholder left unwritten. A's other aborts are
+	// off so that the depth-first search reaches B's whole life before
+	// A's reservation in thousands of states (with them: 2 million).
+	{name: "broken: the incident, two handed-off requests (decode trusts the reservation's page count, no scrub)",
+		defines: []string{"TWO_REQUESTS", "B_PLAIN", "A_NO_CLIENT_ABORT", "A_NO_LEASE_EXPIRY", "BROKEN_INCIDENT", "FOREIGN_ONLY"}, broken: true, shows: "FOREIGN READ"},
+	{name: "broken: the incident, a local tenant's page", defines: []string{"LOCAL_TENANT", "BROKEN_INCIDENT", "FOREIGN_ONLY"}, broken: true, shows: "FOREIGN READ"},
 	{name: "broken: pages freed with a writer in flight", defines: []string{"LOCAL_TENANT", "ASYNC_WRITES", "NO_DRAIN"}, broken: true},
 }
 
@@ -63,13 +86,15 @@ func TestModel(t *testing.T) {
 	for _, c := range checks {
 		t.Run(c.name, func(t *testing.T) {
 			res := run(t, spin, cc, model, c)
-			t.Logf("%s: %d states stored, depth %d, %d errors, pan %.1fs (-D%s)",
-				c.name, res.states, res.depth, res.errors, res.elapsed.Seconds(), strings.Join(c.defines, " -D"))
+			t.Logf("%s: %d states stored, depth %d, %d errors, %.0f MB, pan %.1fs (-D%s)",
+				c.name, res.states, res.depth, res.errors, res.memMB, res.elapsed.Seconds(), strings.Join(c.defines, " -D"))
 			switch {
 			case !res.complete:
 				t.Fatalf("the search did not finish (a depth or memory bound was hit):\n%s", res.out)
 			case c.broken && res.errors == 0:
 				t.Fatalf("the broken variant passed: the model no longer catches the bug it re-introduces\n%s", res.out)
+			case c.broken && !strings.Contains(res.trail, c.shows):
+				t.Fatalf("the counterexample does not show %q:\n%s", c.shows, res.trail)
 			case c.broken:
 				t.Logf("counterexample, as expected:\n%s", res.trail)
 			case res.errors > 0:
@@ -82,6 +107,7 @@ func TestModel(t *testing.T) {
 type result struct {
 	errors, depth int
 	states        int64
+	memMB         float64
 	complete      bool
 	elapsed       time.Duration
 	out, trail    string
@@ -90,6 +116,7 @@ type result struct {
 var (
 	reErrors = regexp.MustCompile(`depth reached (\d+), errors: (\d+)`)
 	reStates = regexp.MustCompile(`(\d+) states, stored`)
+	reMemory = regexp.MustCompile(`([\d.]+)\s+total actual memory usage`)
 	reProc   = regexp.MustCompile(`^\d+:\s+proc\s`)
 )
 
@@ -140,6 +167,9 @@ func run(t *testing.T, spin, cc string, model []byte, c check) result {
 	res.depth, _ = strconv.Atoi(m[1])
 	res.errors, _ = strconv.Atoi(m[2])
 	res.states, _ = strconv.ParseInt(s[1], 10, 64)
+	if m := reMemory.FindStringSubmatch(out); m != nil {
+		res.memMB, _ = strconv.ParseFloat(m[1], 64)
+	}
 	// pan warns when the search was cut short by its depth bound (-m) or
 	// ran out of memory; then "no errors" proves nothing.
 	res.complete = !strings.Contains(out, "max search depth too small") && !strings.Contains(out, "out of memory")
