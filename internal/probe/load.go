@@ -459,6 +459,9 @@ func (p *prober) canaryCheck(load *loadResult) (Check, Leak) {
 		}
 	default:
 		c.Reason = fmt.Sprintf("%d of %d responses hold a secret (or an API key) that their request did not carry", leaks, trials)
+		if leaks == 0 {
+			c.Reason = fmt.Sprintf("no foreign secret in %d completion and error answers", trials)
+		}
 		if sideLeaked > 0 {
 			var where []string
 			for _, path := range sideEndpoints {
@@ -466,7 +469,7 @@ func (p *prober) canaryCheck(load *loadResult) (Check, Leak) {
 					where = append(where, fmt.Sprintf("%d of %d reads of GET %s", n, sideOK[path], path))
 				}
 			}
-			c.Reason += "; another key's secret or API key in " + strings.Join(where, ", ") + " (read with one key while the others ran)"
+			c.Reason += ", but another key's secret or API key in " + strings.Join(where, ", ") + " (read with one key while the others ran)"
 		}
 	}
 	if p.cfg.OneTenant {
