@@ -31,7 +31,10 @@ tenants), and judge what comes back:
 
   canaries      secrets in copy-task prompts of every key at once: no answer,
                 error or header may hold another key's secret (whole or a
-                10-character piece); the leak rate's 95% upper bound is given
+                10-character piece) or another request's, nor another key's
+                API key; side endpoints (/slots, /metrics, /props, /health)
+                read during the load neither; the leak rate's 95% upper
+                bound is given
   boundary      prompts at the window −1, 0, +1, +one page, 2×, 10×: over the
                 window a 4xx with no token, streamed and not; inside it
                 usage.prompt_tokens exactly the length sent (/tokenize's count)

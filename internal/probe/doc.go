@@ -2,8 +2,14 @@
 // server (pagewarden, vLLM, SGLang, llama.cpp's server). It sees only what a
 // client sees: HTTP statuses, headers, bodies and server-sent events, sent
 // with two or more API keys. It needs nothing from the server beyond the
-// OpenAI API; /v1/models (for the window, as max_model_len) and vLLM's
-// /tokenize are used when the server has them.
+// OpenAI API. Where servers differ it reads the ways it knows and skips,
+// never passes, what it cannot see: the window from max_model_len
+// (/v1/models, /tokenize) or llama.cpp's /props n_ctx; /tokenize in vLLM's
+// form or llama.cpp's; cached tokens from usage.prompt_tokens_details or
+// llama.cpp's timings.prompt_n; a refusal inside a stream as a data event
+// with an error object or llama.cpp's "error:" line. With
+// Config.OneTenant (a server with keys but no tenants, or one key) the
+// canaries judge isolation between requests and prefix-cache is skipped.
 //
 // Run performs these checks, each ending in a verdict (pass, fail, or skip
 // with the reason) and, on failure, evidence: the request (never a key:
@@ -17,9 +23,13 @@
 //     long prompt is the incident's tell.
 //   - canaries: every request carries a fresh random secret in a long
 //     copy-task prompt while the other keys run at the same time; no output,
-//     error body or header may hold another key's secret, whole or as a
-//     10-character n-gram (after dropping case and everything not a letter
-//     or digit, so a secret split by tokenization is still found).
+//     error body or header may hold a secret its request did not carry
+//     (another key's or another request's), whole or as a 10-character
+//     n-gram (after dropping case and everything not a letter or digit, so
+//     a secret split by tokenization is still found), nor another key's
+//     API key. Each key also reads the side endpoints (/slots, /metrics,
+//     /props, /health, /get_server_info) during the load: another key's
+//     secret or key there is a leak too.
 //   - abort-storm: clients that leave mid-stream, mixed into that load.
 //     Every answer that was not abandoned must be complete (a stream ends
 //     with a finish_reason and [DONE]; finish_reason "length" means
@@ -27,9 +37,10 @@
 //     success), and the server must answer as before once the storm ends.
 //   - determinism: greedy and seeded requests give the same text alone,
 //     inside the concurrent load and after the storm.
-//   - prefix-cache: a key's repeated prompt reports cached tokens
-//     (usage.prompt_tokens_details.cached_tokens), and the same prompt from
-//     another key reports none. Skipped when the server reports no hits.
+//   - prefix-cache: a key's repeated prompt reports cached tokens, and the
+//     same prompt from another key reports none. Skipped when the answers
+//     carry no cache count, when the server reports no hits, and for one
+//     tenant.
 //   - errors: malformed requests get a 4xx whose body is OpenAI's JSON error
 //     object, without stack traces; every error seen in the run is held to
 //     the same shape.
