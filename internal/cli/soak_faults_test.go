@@ -306,12 +306,16 @@ func (h handoffFaults) run(t *testing.T) {
 	var (
 		mu       sync.Mutex
 		statuses = map[int]int{}
+		example  = map[int]string{} // an error body per status, for the log
 	)
 	// left: the client gives up early on purpose, so that no answer
 	// (status -1) is its own doing.
 	check := func(when, p string, c completion, left bool) {
 		mu.Lock()
 		statuses[c.status]++
+		if _, ok := example[c.status]; !ok && c.status != 200 {
+			example[c.status] = c.body
+		}
 		mu.Unlock()
 		owner := promptTenant[p]
 		for j, s := range secrets {
@@ -399,6 +403,9 @@ func (h handoffFaults) run(t *testing.T) {
 	setPlan("off")
 	how := <-killed
 	t.Logf("handoff faults: %d requests in %.1fs, statuses %v; %s killed %s", total, time.Since(start).Seconds(), statuses, h.victim.name, how)
+	for status, body := range example {
+		t.Logf("  e.g. %d: %.300s", status, body)
+	}
 	if !strings.HasPrefix(how, "while") {
 		t.Errorf("%s was killed %s", h.victim.name, how)
 	}
