@@ -19,13 +19,18 @@ import (
 // lpNode runs a scheduler node on a fresh engine for m.
 func lpNode(t *testing.T, m *model.Model) (*sched.Node, *Engine) {
 	t.Helper()
+	return lpNodeTB(t, m)
+}
+
+func lpNodeTB(t testing.TB, m *model.Model) (*sched.Node, *Engine) {
+	t.Helper()
 	e, err := New(m, Options{Threads: 2, PageSize: 16, Pages: 256, Scrub: kvcache.ScrubPoison})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.Close)
 	lim, err := sched.ComputeLimits(sched.ModelShape{ContextLength: m.Config.ContextLength, Vocab: m.Config.Vocab},
-		e.KV.Layout(), e.KV.TotalPages(), 0, 0)
+		e.KV.Layout(), e.KV.TotalPages(), min(m.Config.ContextLength, 1024), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
