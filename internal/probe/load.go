@@ -592,11 +592,51 @@ func (p *prober) stormCheck(load *loadResult, bs []*baseline, after []*exchange)
 	return c
 }
 
+// replayCopies sends again, one after another, up to a fifth of the
+// greedy copy tasks that got a complete answer inside the load (at most
+// 40), and returns each with its replay.
+func (p *prober) replayCopies(ctx context.Context, load *loadResult) [][2]*exchange {
+	var done []*exchange
+	for _, e := range load.trials {
+		if e.status == http.StatusOK && !e.aborted && e.abortAfter == 0 && e.leaveAfter == 0 && e.incomplete() == "" && e.usage != nil {
+			done = append(done, e)
+		}
+	}
+	n := min(len(done)/5+1, 40, len(done))
+	p.progress.phase(fmt.Sprintf("determinism: %d copy tasks of the load again, alone", n))
+	var out [][2]*exchange
+	for i := 0; i < n && ctx.Err() == nil; i++ {
+		e := done[i*len(done)/n]
+		again := p.sendRetry(ctx, func() *exchange {
+			return &exchange{key: e.key, method: e.method, path: e.path, body: e.body, stream: e.stream, maxTokens: e.maxTokens,
+				desc: e.desc + ", again alone after the load"}
+		})
+		out = append(out, [2]*exchange{e, again})
+	}
+	return out
+}
+
 // determinism compares each baseline's text alone with its replays
 // inside the load and after the storm.
-func (p *prober) determinism(bs []*baseline, during [][]*exchange, after []*exchange) Check {
+func (p *prober) determinism(bs []*baseline, during [][]*exchange, after []*exchange, copies [][2]*exchange) Check {
 	c := Check{Name: "determinism", Verdict: Pass}
-	compared, usable := 0, 0
+	compared, usable, copied := 0, 0, 0
+	// Greedy copy tasks answered inside the load against the same request
+	// alone afterwards: many more comparisons than the baselines, and
+	// each one a request that ran beside another key's.
+	for _, pair := range copies {
+		loaded, alone := pair[0], pair[1]
+		if alone.status != http.StatusOK || alone.incomplete() != "" {
+			continue
+		}
+		compared++
+		copied++
+		c.Requests++
+		if alone.text != loaded.text {
+			c.fail(alone.evidence("a greedy copy task answered under load differs from the same request sent alone afterwards",
+				[]byte(fmt.Sprintf("under load: %q\nalone: %q", clip([]byte(loaded.text), 180), clip([]byte(alone.text), 180)))))
+		}
+	}
 	cmp := func(b *baseline, e *exchange, when string) {
 		if e.status != http.StatusOK || e.incomplete() != "" {
 			return // the storm check judges broken answers
@@ -621,7 +661,7 @@ func (p *prober) determinism(bs []*baseline, during [][]*exchange, after []*exch
 			cmp(b, after[i], "after the storm")
 		}
 	}
-	c.Numbers = map[string]any{"baselines": len(bs), "comparisons": compared}
+	c.Numbers = map[string]any{"baselines": len(bs), "comparisons": compared, "copy_tasks_replayed": copied}
 	switch {
 	case c.Verdict == Fail:
 		c.Reason = fmt.Sprintf("%d of %d answers differ from (or lack) their answer alone", len(c.Evidence), compared)
@@ -629,7 +669,7 @@ func (p *prober) determinism(bs []*baseline, during [][]*exchange, after []*exch
 		c.Verdict = Skip
 		c.Reason = "no replay got a complete 200 to compare"
 	default:
-		c.Reason = fmt.Sprintf("%d greedy and seeded answers under load and after the storm equal their answers alone (%d baselines)", compared, usable)
+		c.Reason = fmt.Sprintf("%d greedy and seeded answers under load and after the storm equal their answers alone (%d baselines; %d of them greedy copy tasks replayed alone after the load)", compared, usable, copied)
 	}
 	return c
 }

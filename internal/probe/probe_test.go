@@ -442,6 +442,9 @@ func TestProbeFakeServer(t *testing.T) {
 			if tc.dialect == dialectLlama && r.Server != "llama.cpp server b4748-c392e509" {
 				t.Errorf("server %q", r.Server)
 			}
+			if d := r.Check("determinism"); tc.fault == faultNone && (d.Numbers["copy_tasks_replayed"].(int) < 3) {
+				t.Errorf("determinism replayed %v copy tasks, want 3 or more\n%s", d.Numbers["copy_tasks_replayed"], sum.String())
+			}
 			if tc.fault == faultNone && (r.Leak.Trials < 20 || r.Leak.Leaks != 0 || r.Leak.Upper95 >= 0.2) {
 				t.Errorf("leak stats %+v", r.Leak)
 			}
