@@ -17,15 +17,6 @@ import (
 	"github.com/pagewarden/pagewarden/internal/testdata"
 )
 
-// auditRecord is what the gateway's replay audit records of an answer:
-// its tokens and, per position, the logprobs the engine gave.
-type auditRecord struct {
-	owner  request.Owner
-	prompt []int
-	tokens []int
-	lps    []*request.Logprobs
-}
-
 // rescoreDelta re-scores r teacher-forced on fresh pages (as the audit
 // tenant, alone) and returns the largest |Δlogprob| of the emitted tokens
 // and whether any position differs at all (value bits or any of the top

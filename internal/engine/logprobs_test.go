@@ -16,6 +16,15 @@ import (
 	"github.com/pagewarden/pagewarden/internal/sched"
 )
 
+// auditRecord is what the gateway's replay audit records of an answer:
+// its tokens and, per position, the logprobs the engine gave.
+type auditRecord struct {
+	owner  request.Owner
+	prompt []int
+	tokens []int
+	lps    []*request.Logprobs
+}
+
 // lpNode runs a scheduler node on a fresh engine for m.
 func lpNode(t *testing.T, m *model.Model) (*sched.Node, *Engine) {
 	t.Helper()
