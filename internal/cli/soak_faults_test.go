@@ -336,12 +336,12 @@ func (h handoffFaults) run(t *testing.T) {
 	setPlan("drop=0.01 dup=0.04 delay=0.04 delay_ms=150")
 	stop := make(chan struct{})
 	var bg sync.WaitGroup
-	bg.Go(func() { // cut the prefill→decode links every 1.5 s
-		for {
+	bg.Go(func() { // cut the prefill→decode links soon, then every 1.5 s
+		for wait := 250 * time.Millisecond; ; wait = 1500 * time.Millisecond {
 			select {
 			case <-stop:
 				return
-			case <-time.After(1500 * time.Millisecond):
+			case <-time.After(wait):
 			}
 			for _, p := range h.proxies {
 				p.cut()
