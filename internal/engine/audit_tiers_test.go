@@ -23,6 +23,9 @@ import (
 // 1.4e-3 (avx2) and 8.4e-4 (ref), Q8_0 0 on every tier, Q4_K_M 0 (avx2)
 // and 0.037 (ref): a cluster of mixed tiers wants --audit-tolerance 0.1.
 func TestAuditAcrossTiers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("SKIPPED in -short: re-scores four models on every kernel tier (~10 s; the full run has it)")
+	}
 	tiers := kernels.Tiers()
 	if len(tiers) < 2 || !kernels.Assembly() {
 		t.Skipf("this machine and build run one kernel tier (%v): nothing to compare", tiers)
