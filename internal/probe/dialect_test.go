@@ -203,3 +203,18 @@ func TestRetryOnFreshConnection(t *testing.T) {
 		}
 	}
 }
+
+func TestTextDiff(t *testing.T) {
+	for _, tc := range []struct {
+		a, b, want string
+	}{
+		{"abc", "abd", `the same first 2 bytes (…"ab"), then x: "c"; y: "d"`},
+		{"", "z", `the same first 0 bytes (…""), then x: ""; y: "z"`},
+		{"same", "same!", `the same first 4 bytes (…"same"), then x: ""; y: "!"`},
+		{strings.Repeat("q", 50) + "A", strings.Repeat("q", 50) + "B", `the same first 50 bytes (…"` + strings.Repeat("q", 40) + `"), then x: "A"; y: "B"`},
+	} {
+		if got := string(textDiff("x", tc.a, "y", tc.b)); got != tc.want {
+			t.Errorf("textDiff(%q, %q) = %s, want %s", tc.a, tc.b, got, tc.want)
+		}
+	}
+}

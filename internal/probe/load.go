@@ -592,6 +592,19 @@ func (p *prober) stormCheck(load *loadResult, bs []*baseline, after []*exchange)
 	return c
 }
 
+// textDiff shows where two texts part: the length they share, a little of
+// it, and what each has from there (a difference late in a long answer
+// would not show in the first bytes of each).
+func textDiff(nameA, a, nameB, b string) []byte {
+	i := 0
+	for i < len(a) && i < len(b) && a[i] == b[i] {
+		i++
+	}
+	from := max(i-40, 0)
+	tail := func(t string) string { return clip([]byte(t[i:]), 120) }
+	return []byte(fmt.Sprintf("the same first %d bytes (…%q), then %s: %q; %s: %q", i, a[from:i], nameA, tail(a), nameB, tail(b)))
+}
+
 // replayCopies sends again, one after another, up to a fifth of the
 // greedy copy tasks that got a complete answer inside the load (at most
 // 40), and returns each with its replay.
@@ -634,7 +647,7 @@ func (p *prober) determinism(bs []*baseline, during [][]*exchange, after []*exch
 		c.Requests++
 		if alone.text != loaded.text {
 			c.fail(alone.evidence("a greedy copy task answered under load differs from the same request sent alone afterwards",
-				[]byte(fmt.Sprintf("under load: %q\nalone: %q", clip([]byte(loaded.text), 180), clip([]byte(alone.text), 180)))))
+				textDiff("under load", loaded.text, "alone", alone.text)))
 		}
 	}
 	cmp := func(b *baseline, e *exchange, when string) {
@@ -645,7 +658,7 @@ func (p *prober) determinism(bs []*baseline, during [][]*exchange, after []*exch
 		c.Requests++
 		if e.text != b.solo.text {
 			c.fail(e.evidence(fmt.Sprintf("%s %s differs from its answer alone", b.name, when),
-				[]byte(fmt.Sprintf("alone: %q\n%s: %q", clip([]byte(b.solo.text), 180), when, clip([]byte(e.text), 180)))))
+				textDiff("alone", b.solo.text, when, e.text)))
 		}
 	}
 	for i, b := range bs {
