@@ -37,6 +37,11 @@ var checks = []check{
 	{name: "two requests: A's client leaves at any step, B plain", defines: []string{"TWO_REQUESTS", "A_NO_LEASE_EXPIRY", "A_CORRECT_PREFILL", "B_PLAIN"}},
 	{name: "two requests: B aborted at any step (lease, prefill failure, placeholder), A plain", defines: []string{"TWO_REQUESTS", "A_PLAIN", "B_NO_CLIENT_ABORT"}},
 	{name: "two requests, a lost message", defines: []string{"TWO_REQUESTS", "A_NO_CLIENT_ABORT", "B_PLAIN", "MAXLOSS=1"}},
+	// Both at once: either request's reservation ends at any step (a lease
+	// expiring stands for every abort decode makes itself), with smaller
+	// gateway and prefill inboxes (2 and 1 messages: more of them lost
+	// when full) to fit a CI run.
+	{name: "two requests, both aborted at any step by their leases", defines: []string{"TWO_REQUESTS", "A_NO_CLIENT_ABORT", "A_CORRECT_PREFILL", "B_NO_CLIENT_ABORT", "B_CORRECT_PREFILL", "CAPG=2", "CAPP=1"}},
 	// B has no lease here, so inboxes that never overflow keep it from
 	// waiting for ever on a message a full inbox lost.
 	{name: "two requests, liveness: every page ends free or quarantined", defines: []string{"TWO_REQUESTS", "A_NO_CLIENT_ABORT", "B_PLAIN", "CAPD=6", "CAPG=5", "CAPP=3", "LIVENESS"}, live: true},
