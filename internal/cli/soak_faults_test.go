@@ -336,8 +336,10 @@ func (h handoffFaults) run(t *testing.T) {
 	setPlan("drop=0.01 dup=0.04 delay=0.04 delay_ms=150")
 	stop := make(chan struct{})
 	var bg sync.WaitGroup
-	var midCuts atomic.Int64 // cuts while a decode node held a reservation
-	bg.Go(func() {           // cut the prefill→decode links soon, then every 1.5 s
+	// Cut the prefill→decode links soon, then every 1.5 s; midCuts counts
+	// the cuts made while a decode node held a reservation.
+	var midCuts atomic.Int64
+	bg.Go(func() {
 		for wait := 250 * time.Millisecond; ; wait = 1500 * time.Millisecond {
 			select {
 			case <-stop:
