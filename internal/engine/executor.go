@@ -35,7 +35,12 @@ func (x *Executor) Execute(ctx context.Context, b *sched.Batch) ([]sched.Outcome
 	for i := range b.Items {
 		it := &b.Items[i]
 		mode := model.LogitsNone
-		if it.Sample {
+		switch {
+		case len(it.ScorePrompt) > 0:
+			// Prompt logprobs: every fed row's logits, from the same
+			// forward pass (the last row is the draw's when Sample).
+			mode = model.LogitsAll
+		case it.Sample:
 			mode = model.LogitsLast
 		}
 		in[i] = model.Input{Tokens: it.Tokens, View: it.View, Logits: mode}
@@ -48,10 +53,17 @@ func (x *Executor) Execute(ctx context.Context, b *sched.Batch) ([]sched.Outcome
 	for i := range b.Items {
 		it := &b.Items[i]
 		out[i].Owner = it.View.Owner()
+		row := logits[i]
+		if len(it.ScorePrompt) > 0 {
+			if out[i].PromptLogprobs, err = x.e.promptLogprobs(it, row); err != nil {
+				out[i].Err = fmt.Errorf("engine: step %d: prompt logprobs: %w", b.Step, err)
+				continue
+			}
+			row = row[len(row)-x.e.Model.Config.Vocab:]
+		}
 		if !it.Sample {
 			continue
 		}
-		row := logits[i]
 		if it.Sampling.Logprobs {
 			// The draw adjusts the row in place; logprobs are the raw
 			// distribution's (sample.Logprobs), so keep a copy. Only
@@ -88,6 +100,25 @@ func (x *Executor) Execute(ctx context.Context, b *sched.Batch) ([]sched.Outcome
 		out[i].Token = tok
 	}
 	x.e.cons.endStep()
+	return out, nil
+}
+
+// promptLogprobs scores it.ScorePrompt from rows, the logits of every
+// fed position (model.LogitsAll): entry j from row j. Each row is scored
+// as sample.Logprobs scores a generated token (the same function, the
+// same row bits a decode step at that position computes), so that a
+// prompt scored in one prefill equals the forced decode of it.
+func (e *Engine) promptLogprobs(it *sched.Item, rows []float32) ([]request.Logprobs, error) {
+	vocab := e.Model.Config.Vocab
+	if len(rows) != len(it.Tokens)*vocab || len(it.ScorePrompt) > len(it.Tokens) {
+		return nil, fmt.Errorf("%d logit values for %d rows, %d to score", len(rows), len(it.Tokens), len(it.ScorePrompt))
+	}
+	out := make([]request.Logprobs, len(it.ScorePrompt))
+	for j, tok := range it.ScorePrompt {
+		if err := sample.Logprobs(rows[j*vocab:(j+1)*vocab], tok, it.Sampling.PromptTopLogprobs, &out[j]); err != nil {
+			return nil, fmt.Errorf("prompt position %d: %w", it.View.Start()+j+1, err)
+		}
+	}
 	return out, nil
 }
 

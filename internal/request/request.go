@@ -100,6 +100,17 @@ type Sampling struct {
 	// request's MaxTokens is at most len(Forced). The logits are computed
 	// as for a draw, so Logprobs score the forced tokens.
 	Forced []int
+	// PromptLogprobs asks for the log-probability of every prompt token
+	// but the first, given the tokens before it (vLLM's prompt_logprobs,
+	// OpenAI's echo with logprobs), with PromptTopLogprobs
+	// (0..MaxTopLogprobs) alternatives each: the same raw distribution as
+	// Logprobs, computed from the logits of every prompt row of the
+	// prefill that computes the prompt anyway (no extra forward pass). A
+	// request that asks reuses no prefix-cache page: a cached position's
+	// logits are never computed. They arrive with the first generated
+	// token (Token.Prompt).
+	PromptLogprobs    bool
+	PromptTopLogprobs int
 }
 
 // MaxTopLogprobs bounds Sampling.TopLogprobs at every layer (OpenAI's
@@ -253,6 +264,11 @@ type Token struct {
 	// Logprobs is set when the request asked for them
 	// (Sampling.Logprobs), nil otherwise.
 	Logprobs *Logprobs
+	// Prompt, on the first token (Index 0) of a request that asked for
+	// Sampling.PromptLogprobs, holds len(prompt)-1 entries: entry i is
+	// prompt token i+1's log-probabilities given prompt tokens 0..i.
+	// Nil otherwise.
+	Prompt []Logprobs
 }
 
 // Usage counts tokens exactly.

@@ -83,6 +83,9 @@ func (l Limits) Admit(p request.Params) (Admitted, error) {
 	if s := p.Sampling; s.TopLogprobs < 0 || s.TopLogprobs > request.MaxTopLogprobs || (s.TopLogprobs > 0 && !s.Logprobs) {
 		return Admitted{}, fmt.Errorf("%w: %d top logprobs (logprobs %v; at most %d)", ErrInvalidRequest, s.TopLogprobs, s.Logprobs, request.MaxTopLogprobs)
 	}
+	if s := p.Sampling; s.PromptTopLogprobs < 0 || s.PromptTopLogprobs > request.MaxTopLogprobs || (s.PromptTopLogprobs > 0 && !s.PromptLogprobs) {
+		return Admitted{}, fmt.Errorf("%w: %d prompt top logprobs (prompt logprobs %v; at most %d)", ErrInvalidRequest, s.PromptTopLogprobs, s.PromptLogprobs, request.MaxTopLogprobs)
+	}
 	if f := p.Sampling.Forced; f != nil && len(f) < p.MaxTokens {
 		return Admitted{}, fmt.Errorf("%w: %d forced tokens for max_tokens %d", ErrInvalidRequest, len(f), p.MaxTokens)
 	}

@@ -39,6 +39,13 @@ type Item struct {
 	// History is every token of the sequence up to and including Tokens
 	// (prompt, then generated). Read-only; repetition penalties use it.
 	History []int
+	// ScorePrompt, for a request that asked for prompt logprobs
+	// (request.Sampling.PromptLogprobs), are the prompt tokens the fed
+	// positions predict: ScorePrompt[j] is the token at position
+	// View.Start()+j+1, scored from the logits of fed token j (the last
+	// chunk of a prompt has one fewer: its last row predicts the first
+	// generated token, which Sample draws). Nil otherwise. Read-only.
+	ScorePrompt []int
 }
 
 // Outcome is what executing one Item produced, at the same index as the
@@ -54,6 +61,9 @@ type Outcome struct {
 	// Logprobs are the token's log-probabilities when the request asked
 	// for them (request.Sampling.Logprobs); they go out with the token.
 	Logprobs *request.Logprobs
+	// PromptLogprobs are the log-probabilities of Item.ScorePrompt's
+	// tokens, one each, with PromptTopLogprobs alternatives.
+	PromptLogprobs []request.Logprobs
 	// Err fails this item only: its request is aborted with an internal
 	// error and its pages are handed to kvcache.Pool.Abort.
 	Err error

@@ -155,6 +155,11 @@ type req struct {
 	preemptions int
 	cached      int  // prompt positions served by the prefix cache
 	delivered   bool // its Result was handed out by Ready
+	// promptLP are the prompt's log-probabilities computed so far
+	// (Sampling.PromptLogprobs): entry i is prompt token i+1's, so
+	// len(promptLP) == min(computed, len(prompt)-1) between steps until
+	// the first token carries them out.
+	promptLP []request.Logprobs
 
 	// prefillOnly: SubmitPrefill; the request ends with an Export after
 	// its first token. awaitingImport: Reserve; its prompt's pages come
@@ -673,7 +678,9 @@ func (c *Core) prepareStart(t *tenant, r *req, budget int) (seq *kvcache.Sequenc
 		return nil, 0, 0, false
 	}
 	seq = c.pool.NewSequence(r.owner)
-	if c.cfg.PrefixCache {
+	if c.cfg.PrefixCache && !r.params.Sampling.PromptLogprobs {
+		// (A request that scores its prompt computes every position:
+		// a cached one has no logits.)
 		// AttachPrefix serves full pages of tokens[:k-1]: at most
 		// cached = room*PageSize - budget positions keep first(cached)
 		// within room when the whole of r.tokens does not fit it.
@@ -719,11 +726,28 @@ func (c *Core) add(b *Batch, r *req, n int) bool {
 		Sampling:    r.params.Sampling,
 		SampleIndex: r.generated,
 		History:     r.tokens[:end:end],
+		ScorePrompt: c.scorePrompt(r, end),
 	})
 	r.inFlight = true
 	r.scheduled = c.step
 	c.inflightReqs = append(c.inflightReqs, r)
 	return true
+}
+
+// scorePrompt is the Item.ScorePrompt of r's step computing positions
+// r.computed..end-1: the prompt tokens those positions predict, while r
+// still owes its prompt logprobs (its first token has not gone out). A
+// recompute from position 0 (preemption) computes them again.
+func (c *Core) scorePrompt(r *req, end int) []int {
+	pr := r.params.Prompt
+	if !r.params.Sampling.PromptLogprobs || r.generated > 0 || r.computed+1 >= len(pr) {
+		return nil
+	}
+	if r.computed == 0 {
+		r.promptLP = r.promptLP[:0]
+	}
+	hi := min(end+1, len(pr))
+	return pr[r.computed+1 : hi : hi]
 }
 
 // grow makes sure r holds pages for positions, preempting other sequences
@@ -973,6 +997,9 @@ func (c *Core) Advance(b *Batch, outs []Outcome, execErr error) error {
 		if err == nil && it.Sample && c.lim.Vocab > 0 && (outs[i].Token < 0 || outs[i].Token >= c.lim.Vocab) {
 			err = fmt.Errorf("sampled token %d outside the vocabulary of %d", outs[i].Token, c.lim.Vocab)
 		}
+		if err == nil {
+			err = c.takePrompt(r, it, outs[i].PromptLogprobs)
+		}
 		if err != nil {
 			// Pages first, with the cause, so that a violation
 			// quarantines them rather than freeing them.
@@ -1023,6 +1050,28 @@ func (c *Core) dropBehindWindow(r *req) {
 	r.tenant.pages -= n
 }
 
+// takePrompt appends a step's prompt logprobs to r's, checking that
+// the executor gave exactly one per Item.ScorePrompt token, each with the
+// alternatives asked, and that they continue where the last step's ended.
+func (c *Core) takePrompt(r *req, it Item, lps []request.Logprobs) error {
+	if len(lps) != len(it.ScorePrompt) {
+		return fmt.Errorf("%d prompt logprobs for %d prompt positions", len(lps), len(it.ScorePrompt))
+	}
+	if len(lps) == 0 {
+		return nil
+	}
+	if len(r.promptLP) != r.computed {
+		return fmt.Errorf("prompt logprobs of positions from %d, %d held", r.computed, len(r.promptLP))
+	}
+	for k := range lps {
+		if err := lps[k].Check(r.params.Sampling.PromptTopLogprobs, c.lim.Vocab); err != nil {
+			return fmt.Errorf("prompt token %d: %w", r.computed+1+k, err)
+		}
+	}
+	r.promptLP = append(r.promptLP, lps...)
+	return nil
+}
+
 // take applies one sampled token (and its logprobs, if asked) to r.
 func (c *Core) take(r *req, tok int, lp *request.Logprobs) {
 	if r.life.State() == StatePrefilling {
@@ -1049,7 +1098,11 @@ func (c *Core) take(r *req, tok int, lp *request.Logprobs) {
 	// The stop token is delivered too: usage counts it (as vLLM does), and
 	// the gateway checks that usage equals what it was sent; it hides the
 	// text of end-of-generation tokens itself.
-	c.out.Tokens = append(c.out.Tokens, request.Token{Owner: r.owner, Index: r.generated - 1, ID: tok, Logprobs: lp})
+	t := request.Token{Owner: r.owner, Index: r.generated - 1, ID: tok, Logprobs: lp}
+	if r.generated == 1 && r.params.Sampling.PromptLogprobs {
+		t.Prompt, r.promptLP = c.promptOut(r), nil
+	}
+	c.out.Tokens = append(c.out.Tokens, t)
 	if slices.Contains(r.params.StopTokens, tok) || (!r.params.IgnoreEOS && slices.Contains(c.cfg.EndTokens, tok)) {
 		c.finish(r, request.FinishStop)
 		return
@@ -1058,6 +1111,18 @@ func (c *Core) take(r *req, tok int, lp *request.Logprobs) {
 	if r.generated >= r.params.MaxTokens {
 		c.finish(r, request.FinishLength)
 	}
+}
+
+// promptOut is r's prompt logprobs as its first token carries them:
+// every prompt position's, or nil with an invariant failure when some are
+// missing (the core scheduled every one; an import checked its count).
+func (c *Core) promptOut(r *req) []request.Logprobs {
+	want := max(len(r.params.Prompt)-1, 0)
+	if len(r.promptLP) != want {
+		_ = invariants.Failf("sched: %v: %d prompt logprobs for %d prompt tokens", r.owner, len(r.promptLP), len(r.params.Prompt))
+		return nil
+	}
+	return slices.Clip(r.promptLP)
 }
 
 func (c *Core) finish(r *req, reason request.FinishReason) {

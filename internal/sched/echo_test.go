@@ -128,8 +128,23 @@ func (e *echoExecutor) Execute(_ context.Context, b *Batch) ([]Outcome, error) {
 		}
 		outs[i].Owner = it.View.Owner()
 		outs[i].Token = e.run(it)
+		for j, tok := range it.ScorePrompt {
+			outs[i].PromptLogprobs = append(outs[i].PromptLogprobs, echoPromptLogprobs(it.View.Start()+j+1, tok, it.Sampling.PromptTopLogprobs))
+		}
 	}
 	return outs, nil
+}
+
+// echoPromptLogprobs is the owner-echo model's prompt logprobs for token
+// tok at position pos (with top alternatives): its value names both, so
+// a harness can check that every position was scored once, in order,
+// with its own token.
+func echoPromptLogprobs(pos, tok, top int) request.Logprobs {
+	l := request.Logprobs{Logprob: -float32(pos*harnessVocab + tok)}
+	for k := range top {
+		l.Top = append(l.Top, request.TokenLogprob{ID: k, Logprob: -float32(k)})
+	}
+	return l
 }
 
 func (e *echoExecutor) run(it Item) int {

@@ -45,8 +45,12 @@ type Export struct {
 	FirstToken int // sampled from the prompt's last position
 	// FirstLogprobs are FirstToken's, when the request asked for them.
 	FirstLogprobs *request.Logprobs
-	Filled        []int
-	Pages         [][]byte
+	// PromptLogprobs are the prompt's (request.Token.Prompt), when the
+	// request asked for them: the decode node hands them out with the
+	// first token.
+	PromptLogprobs []request.Logprobs
+	Filled         []int
+	Pages          [][]byte
 }
 
 // SubmitPrefill is Submit for a request that ends after its prompt: when
@@ -152,6 +156,15 @@ func (c *Core) ImportPage(owner request.Owner, i, filled int, data []byte) error
 // scrubbed (quarantined on a violation): a handoff that does not match is
 // never decoded from.
 func (c *Core) CommitImport(owner request.Owner, tokens, firstToken int, firstLogprobs *request.Logprobs) error {
+	return c.CommitImportPrompt(owner, tokens, firstToken, firstLogprobs, nil)
+}
+
+// CommitImportPrompt is CommitImport with the prompt logprobs the
+// prefill node computed (Export.PromptLogprobs): exactly one per prompt
+// token after the first, each with the alternatives asked, when the
+// request asked for them, and none when it did not; anything else fails
+// the handoff like a wrong page count.
+func (c *Core) CommitImportPrompt(owner request.Owner, tokens, firstToken int, firstLogprobs *request.Logprobs, prompt []request.Logprobs) error {
 	r, err := c.importing(owner)
 	if err != nil {
 		return err
@@ -169,6 +182,9 @@ func (c *Core) CommitImport(owner request.Owner, tokens, firstToken int, firstLo
 	case firstLogprobs != nil && firstLogprobs.Check(r.params.Sampling.TopLogprobs, c.lim.Vocab) != nil:
 		err = fmt.Errorf("%w: first token's logprobs: %w", kvcache.ErrHandoff, firstLogprobs.Check(r.params.Sampling.TopLogprobs, c.lim.Vocab))
 	default:
+		err = checkPromptLogprobs(r.params, prompt, c.lim.Vocab)
+	}
+	if err == nil {
 		err = c.pool.CommitImport(r.seq, tokens)
 	}
 	if err != nil {
@@ -177,7 +193,29 @@ func (c *Core) CommitImport(owner request.Owner, tokens, firstToken int, firstLo
 	}
 	r.awaitingImport, r.imported = false, true
 	r.computed = tokens
+	r.promptLP = prompt
 	c.take(r, firstToken, firstLogprobs)
+	return nil
+}
+
+// checkPromptLogprobs checks an import's prompt logprobs against what
+// request p asked for.
+func checkPromptLogprobs(p *request.Params, prompt []request.Logprobs, vocab int) error {
+	s := p.Sampling
+	if !s.PromptLogprobs {
+		if prompt != nil {
+			return fmt.Errorf("%w: %d prompt logprobs sent, none asked", kvcache.ErrHandoff, len(prompt))
+		}
+		return nil
+	}
+	if want := max(len(p.Prompt)-1, 0); len(prompt) != want {
+		return fmt.Errorf("%w: %d prompt logprobs for %d prompt tokens", kvcache.ErrHandoff, len(prompt), len(p.Prompt))
+	}
+	for i := range prompt {
+		if err := prompt[i].Check(s.PromptTopLogprobs, vocab); err != nil {
+			return fmt.Errorf("%w: prompt token %d's logprobs: %w", kvcache.ErrHandoff, i+1, err)
+		}
+	}
 	return nil
 }
 
@@ -211,7 +249,12 @@ func (c *Core) export(r *req, tok int, lp *request.Logprobs) {
 	}
 	ex.Pages, ex.Filled = pages, filled
 	r.generated++
-	c.out.Tokens = append(c.out.Tokens, request.Token{Owner: r.owner, Index: 0, ID: tok, Logprobs: lp})
+	t := request.Token{Owner: r.owner, Index: 0, ID: tok, Logprobs: lp}
+	if r.params.Sampling.PromptLogprobs {
+		t.Prompt = c.promptOut(r)
+		ex.PromptLogprobs, r.promptLP = t.Prompt, nil
+	}
+	c.out.Tokens = append(c.out.Tokens, t)
 	c.out.Exports = append(c.out.Exports, ex)
 	c.end(r, (*Lifecycle).HandedOff)
 }

@@ -132,6 +132,9 @@ func (h *harness) deliver(t testing.TB, rd Ready) {
 		if tok.Index != len(h.tokens[tok.Owner]) {
 			t.Fatalf("token index %d, want %d", tok.Index, len(h.tokens[tok.Owner]))
 		}
+		if err := checkEchoPrompt(p, tok); err != nil {
+			t.Fatal(err)
+		}
 		h.tokens[tok.Owner] = append(h.tokens[tok.Owner], tok.ID)
 	}
 	for _, res := range rd.Results {
@@ -141,6 +144,28 @@ func (h *harness) deliver(t testing.TB, rd Ready) {
 		}
 		h.results[res.Owner] = res
 	}
+}
+
+// checkEchoPrompt checks a token's prompt logprobs: none unless it is
+// the first of a request that asked, then the owner-echo model's for
+// every prompt position after the first, in order.
+func checkEchoPrompt(p request.Params, tok request.Token) error {
+	if tok.Index != 0 || !p.Sampling.PromptLogprobs {
+		if tok.Prompt != nil {
+			return fmt.Errorf("token %d of %v carries %d prompt logprobs", tok.Index, tok.Owner, len(tok.Prompt))
+		}
+		return nil
+	}
+	if len(tok.Prompt) != max(len(p.Prompt)-1, 0) {
+		return fmt.Errorf("%v: %d prompt logprobs for %d prompt tokens", tok.Owner, len(tok.Prompt), len(p.Prompt))
+	}
+	for i, l := range tok.Prompt {
+		want := echoPromptLogprobs(i+1, p.Prompt[i+1], p.Sampling.PromptTopLogprobs)
+		if l.Logprob != want.Logprob || len(l.Top) != len(want.Top) {
+			return fmt.Errorf("%v: prompt token %d: %+v, want %+v", tok.Owner, i+1, l, want)
+		}
+	}
+	return nil
 }
 
 // ready takes the core's Ready and delivers it.

@@ -100,6 +100,7 @@ type event struct {
 	data     []byte
 	firstTok int
 	firstLP  *request.Logprobs
+	promptLP []request.Logprobs
 	stats    chan NodeStats   // stats
 	scrub    chan scrubResult // scrub
 	pagemap  chan PageMap     // pages
@@ -232,7 +233,13 @@ func (n *Node) ImportPage(owner request.Owner, i, filled int, data []byte) error
 
 // CommitImport ends a reserved request's import (see Core.CommitImport).
 func (n *Node) CommitImport(owner request.Owner, tokens, firstToken int, firstLogprobs *request.Logprobs) error {
-	ev := event{kind: evCommit, owner: owner, filled: tokens, firstTok: firstToken, firstLP: firstLogprobs, reply: make(chan error, 1)}
+	return n.CommitImportPrompt(owner, tokens, firstToken, firstLogprobs, nil)
+}
+
+// CommitImportPrompt is CommitImport with the prompt logprobs the
+// prefill node sent (Core.CommitImportPrompt).
+func (n *Node) CommitImportPrompt(owner request.Owner, tokens, firstToken int, firstLogprobs *request.Logprobs, prompt []request.Logprobs) error {
+	ev := event{kind: evCommit, owner: owner, filled: tokens, firstTok: firstToken, firstLP: firstLogprobs, promptLP: prompt, reply: make(chan error, 1)}
 	if err := n.send(context.Background(), ev); err != nil {
 		return err
 	}
@@ -528,7 +535,7 @@ func (n *Node) apply(ev event) {
 	case evImport:
 		ev.reply <- n.core.ImportPage(ev.owner, ev.index, ev.filled, ev.data)
 	case evCommit:
-		ev.reply <- n.core.CommitImport(ev.owner, ev.filled, ev.firstTok, ev.firstLP)
+		ev.reply <- n.core.CommitImportPrompt(ev.owner, ev.filled, ev.firstTok, ev.firstLP, ev.promptLP)
 	case evAbort:
 		err := n.core.abort(ev.owner, ev.cause)
 		if ev.reply != nil {
