@@ -19,7 +19,7 @@ type tokenizer string
 const (
 	// tokNone: no /tokenize the probe can read.
 	tokNone tokenizer = ""
-	// tokVLLM: vLLM's (and SGLang's and pagewarden's) request
+	// tokVLLM: vLLM's and pagewarden's request
 	// {"model", "prompt", "add_special_tokens"}, answered with
 	// {"count", "tokens", "max_model_len"}.
 	tokVLLM tokenizer = "vllm"
