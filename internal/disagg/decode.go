@@ -256,11 +256,12 @@ func (d *Decode) relay(ctx context.Context, r *decodeReq) {
 	const batch = 64
 	var ids []int
 	var lps []*request.Logprobs
+	var prompt []request.Logprobs // the first token's (Token.Prompt)
 	next := 0
 	flush := func() {
 		if len(ids) > 0 {
-			d.send(ctx, r.gateway, &transfer.Tokens{Ref: r.ref, Start: next - len(ids), IDs: ids, Logprobs: lps})
-			ids, lps = nil, nil
+			d.send(ctx, r.gateway, &transfer.Tokens{Ref: r.ref, Start: next - len(ids), IDs: ids, Logprobs: lps, Prompt: prompt})
+			ids, lps, prompt = nil, nil, nil
 		}
 	}
 	for {
@@ -278,6 +279,10 @@ func (d *Decode) relay(ctx context.Context, r *decodeReq) {
 				}
 			}
 			break
+		}
+		if tok.Index == 0 {
+			// The scheduler checked their count at the import.
+			prompt = tok.Prompt
 		}
 		ids = append(ids, tok.ID)
 		if r.logprobs {
@@ -338,7 +343,7 @@ func (d *Decode) effects(ctx context.Context) {
 		case *transfer.Send:
 			d.send(ctx, e.To, e.Msg)
 		case *transfer.Deliver:
-			if err := d.cfg.Sched.CommitImport(e.Owner, e.TotalTokens, e.FirstToken, e.FirstLogprobs); err != nil {
+			if err := d.cfg.Sched.CommitImportPrompt(e.Owner, e.TotalTokens, e.FirstToken, e.FirstLogprobs, e.PromptLogprobs); err != nil {
 				// The scheduler ended the request (scrubbed, or
 				// quarantined on a violation): its stream's Result says so.
 				d.log.Error("committed handoff refused by the pool", "owner", e.Owner, "err", err)

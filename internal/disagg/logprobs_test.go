@@ -240,3 +240,67 @@ func TestReplayRunsElsewhere(t *testing.T) {
 	}
 	checkBaseline(t, l)
 }
+
+// TestDisaggregatedPromptLogprobs: prompt logprobs computed by the prefill
+// node cross the handoff in the manifest and reach the gateway with the
+// first token in a Tokens frame, bit for bit those of one node; the
+// audit's prefill re-score through the split (prompt+answer as a prompt,
+// its last token forced) equals the answer's logprobs.
+func TestDisaggregatedPromptLogprobs(t *testing.T) {
+	single := startSingle(t)
+	l := startLocal(t, LocalConfig{})
+	ctx := context.Background()
+	run := func(b gateway.Backend, p request.Params) ([]int, []*request.Logprobs, []request.Logprobs) {
+		t.Helper()
+		p.Owner.ID = request.NewID()
+		st, err := b.Submit(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []int
+		var lps []*request.Logprobs
+		var prompt []request.Logprobs
+		for tok := range st.Tokens() {
+			if tok.Index == 0 {
+				prompt = tok.Prompt
+			} else if tok.Prompt != nil {
+				t.Fatalf("token %d carries prompt logprobs", tok.Index)
+			}
+			ids = append(ids, tok.ID)
+			lps = append(lps, tok.Logprobs)
+		}
+		if res := st.Result(); !res.Reason.Success() {
+			t.Fatalf("%v: %v", res.Reason, res.Err)
+		}
+		return ids, lps, prompt
+	}
+	for i, prompt := range prompts(t, single)[:3] {
+		p := request.Params{Owner: request.Owner{Tenant: "acme"}, Prompt: prompt, MaxTokens: 8, IgnoreEOS: true,
+			Sampling: request.Sampling{Temperature: 0.9, Seed: uint64(i), Logprobs: true, TopLogprobs: 4, PromptLogprobs: true, PromptTopLogprobs: 2}}
+		wantIDs, wantLP, want := run(single, p)
+		ids, _, got := run(l, p)
+		if diff := cmp.Diff(wantIDs, ids); diff != "" {
+			t.Fatalf("prompt %d: tokens (-one node +split):\n%s", i, diff)
+		}
+		if len(want) != len(prompt)-1 {
+			t.Fatalf("prompt %d: %d prompt logprobs for %d tokens", i, len(want), len(prompt))
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("prompt %d: prompt logprobs (-one node +split):\n%s", i, diff)
+		}
+		seq := append(append([]int(nil), prompt...), ids[:len(ids)-1]...)
+		r := request.Params{Owner: request.Owner{Tenant: gateway.AuditTenant}, Prompt: seq, MaxTokens: 1,
+			Sampling: request.Sampling{Logprobs: true, TopLogprobs: 4, PromptLogprobs: true, PromptTopLogprobs: 4, Forced: ids[len(ids)-1:]}}
+		last, lastLP, pl := run(l, r)
+		if len(last) != 1 || last[0] != ids[len(ids)-1] || len(pl) != len(seq)-1 {
+			t.Fatalf("prompt %d: re-score gave %v and %d prompt logprobs", i, last, len(pl))
+		}
+		rescored := append([]request.Logprobs(nil), pl[len(prompt)-1:]...)
+		rescored = append(rescored, *lastLP[0])
+		for k := range wantLP {
+			if diff := cmp.Diff(*wantLP[k], rescored[k]); diff != "" {
+				t.Errorf("prompt %d: answer position %d: (-generated +prefill re-score over the split):\n%s", i, k, diff)
+			}
+		}
+	}
+}

@@ -214,7 +214,7 @@ func (p *Prefill) exported(ctx context.Context, j *prefillJob, ex sched.Export, 
 			return
 		}
 	}
-	if err := p.send.PrefillDone(id, ex.Tokens, ex.FirstToken, ex.FirstLogprobs); err != nil {
+	if err := p.send.PrefillDonePrompt(id, ex.Tokens, ex.FirstToken, ex.FirstLogprobs, ex.PromptLogprobs); err != nil {
 		p.log.Warn("prefill refused by the sender", "ref", j.grant.Ref, "err", err)
 		return
 	}

@@ -720,6 +720,9 @@ func (rt *Router) inbound(ctx context.Context, in link.Inbound) {
 		// Logprobs exactly as asked: none when none were, top_logprobs
 		// alternatives each when they were. More is a broken peer.
 		lpErr := checkTokenLogprobs(m, c.params.Sampling)
+		if lpErr == nil {
+			lpErr = checkPromptLogprobs(m, c.params)
+		}
 		rt.mu.Lock()
 		ok := c.committed && m.Start == c.next && !c.ended && lpErr == nil
 		if ok {
@@ -728,6 +731,9 @@ func (rt *Router) inbound(ctx context.Context, in link.Inbound) {
 				t := request.Token{Owner: c.owner, Index: m.Start + i, ID: id}
 				if m.Logprobs != nil {
 					t.Logprobs = m.Logprobs[i]
+				}
+				if i == 0 {
+					t.Prompt = m.Prompt
 				}
 				c.buf = append(c.buf, t)
 			}
@@ -966,6 +972,29 @@ func (rt *Router) failDependents(node transfer.Peer, cause error) {
 			cancel()
 		}
 	}
+}
+
+// checkPromptLogprobs checks that a Tokens message carries the prompt
+// logprobs its request asked for: with the first token (start 0) only,
+// one per prompt token after the first, each with exactly
+// PromptTopLogprobs alternatives; none for a request that asked none.
+func checkPromptLogprobs(m *transfer.Tokens, p request.Params) error {
+	s := p.Sampling
+	if !s.PromptLogprobs || m.Start != 0 {
+		if m.Prompt != nil {
+			return fmt.Errorf("prompt logprobs sent with tokens from %d (asked: %v)", m.Start, s.PromptLogprobs)
+		}
+		return nil
+	}
+	if want := max(len(p.Prompt)-1, 0); len(m.Prompt) != want {
+		return fmt.Errorf("%d prompt logprobs for %d prompt tokens", len(m.Prompt), len(p.Prompt))
+	}
+	for i := range m.Prompt {
+		if err := m.Prompt[i].Check(s.PromptTopLogprobs, 0); err != nil {
+			return fmt.Errorf("prompt token %d: %w", i+1, err)
+		}
+	}
+	return nil
 }
 
 // checkTokenLogprobs checks that a Tokens message carries the logprobs its

@@ -30,6 +30,9 @@ type Deliver struct {
 	FirstToken  int
 	// FirstLogprobs are FirstToken's, when the request asked for them.
 	FirstLogprobs *request.Logprobs
+	// PromptLogprobs are the prompt's, when the request asked for them
+	// (the decode scheduler checks their count: sched.CommitImportPrompt).
+	PromptLogprobs []request.Logprobs
 }
 
 // Release asks the driver to scrub and free the pages (kvcache.Release,

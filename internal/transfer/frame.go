@@ -296,6 +296,7 @@ func (e *encoder) manifest(m *Manifest) {
 		e.digest(m.PageDigests[i][:])
 	}
 	e.optLogprobs("first token logprobs", m.FirstLogprobs)
+	e.promptLogprobs("prompt logprobs", m.PromptLogprobs)
 }
 
 // decoder reads fields from a body, checking every length against what
@@ -467,6 +468,7 @@ func (d *decoder) manifest() *Manifest {
 	}
 	if m.PageCount == 0 {
 		m.FirstLogprobs = d.optLogprobs("first token logprobs")
+		m.PromptLogprobs = d.promptLogprobs("prompt logprobs")
 		return m
 	}
 	// Check the lists fit before allocating them.
@@ -483,5 +485,6 @@ func (d *decoder) manifest() *Manifest {
 		m.PageDigests[i] = d.array32("page digest")
 	}
 	m.FirstLogprobs = d.optLogprobs("first token logprobs")
+	m.PromptLogprobs = d.promptLogprobs("prompt logprobs")
 	return m
 }

@@ -33,6 +33,9 @@ func sampleMessages() []Message {
 		&Manifest{Ref: sampleRef(), Layout: testLayout().Hash(), PageCount: 2, Filled: []int{16, 3}, TotalTokens: 19, PageDigests: d, FirstToken: 511,
 			FirstLogprobs: &request.Logprobs{Logprob: -0.75, Top: []request.TokenLogprob{{ID: 511, Logprob: -0.75}}}},
 		&Manifest{Ref: sampleRef(), FirstToken: 3, FirstLogprobs: &request.Logprobs{Logprob: -2}},
+		&Manifest{Ref: sampleRef(), Layout: testLayout().Hash(), PageCount: 2, Filled: []int{16, 3}, TotalTokens: 19, PageDigests: d, FirstToken: 511,
+			PromptLogprobs: []request.Logprobs{{Logprob: -3, Top: []request.TokenLogprob{{ID: 1, Logprob: -0.5}}}, {Logprob: -3.4e38, Top: []request.TokenLogprob{{ID: 7, Logprob: 0}}}}},
+		&Manifest{Ref: sampleRef(), FirstToken: 3, PromptLogprobs: []request.Logprobs{}},
 		&Commit{sampleRef()},
 		&Committed{sampleRef()},
 		&Abort{Ref: sampleRef(), Reason: ReasonDigestMismatch},
@@ -91,6 +94,9 @@ func randomMessage(rng *rand.Rand) Message {
 		if rng.IntN(2) == 0 {
 			m.FirstLogprobs = randomLogprobs(rng)
 		}
+		if rng.IntN(2) == 0 {
+			m.PromptLogprobs = randomPromptLogprobs(rng)
+		}
 		return m
 	case MsgCommit:
 		return &Commit{ref}
@@ -110,6 +116,9 @@ func randomMessage(rng *rand.Rand) Message {
 				t.Logprobs = append(t.Logprobs, randomLogprobs(rng))
 			}
 		}
+		if rng.IntN(3) == 0 {
+			t.Start, t.Prompt = 0, randomPromptLogprobs(rng)
+		}
 		return t
 	case MsgGenerate, MsgPrefill, MsgResult:
 		ms := requestPlaneMessages()
@@ -123,6 +132,16 @@ func randomMessage(rng *rand.Rand) Message {
 	default:
 		return &Heartbeat{ref}
 	}
+}
+
+// randomPromptLogprobs is a valid list of prompt logprobs (possibly
+// empty, never nil).
+func randomPromptLogprobs(rng *rand.Rand) []request.Logprobs {
+	v := make([]request.Logprobs, rng.IntN(4))
+	for i := range v {
+		v[i] = *randomLogprobs(rng)
+	}
+	return v
 }
 
 // randomLogprobs are valid logprobs: values in [-50, 0], best first,

@@ -21,10 +21,13 @@ func TestCheckPeer(t *testing.T) {
 		wantLocal  string
 		wantRemote string
 	}{
-		{"protocol", func() Hello { l := testLayout(); l.Protocol = 1; return NewHello("p", RolePrefill, l) }, "protocol version", "3", "1"},
+		{"protocol", func() Hello { l := testLayout(); l.Protocol = 1; return NewHello("p", RolePrefill, l) }, "protocol version", "4", "1"},
 		// A node of the previous version (no logprobs on the wire) is
 		// refused at the handshake, not misread frame by frame.
-		{"protocol 2", func() Hello { l := testLayout(); l.Protocol = 2; return NewHello("p", RolePrefill, l) }, "protocol version", "3", "2"},
+		{"protocol 2", func() Hello { l := testLayout(); l.Protocol = 2; return NewHello("p", RolePrefill, l) }, "protocol version", "4", "2"},
+		// Nor is one of protocol 3 (no prompt logprobs in jobs, the
+		// manifest or Tokens).
+		{"protocol 3", func() Hello { l := testLayout(); l.Protocol = 3; return NewHello("p", RolePrefill, l) }, "protocol version", "4", "3"},
 		{"model", func() Hello { l := testLayout(); l.ModelDigest[0] ^= 0xff; return NewHello("p", RolePrefill, l) }, "model digest", "", ""},
 		{"dtype", func() Hello { l := testLayout(); l.DType = kvcache.F32; return NewHello("p", RolePrefill, l) }, "dtype", "f16", "f32"},
 		{"page size", func() Hello { l := testLayout(); l.PageSize = 32; return NewHello("p", RolePrefill, l) }, "page size", "16", "32"},

@@ -19,6 +19,7 @@ import (
 //	             presence:f32 frequency:f32 nBias:u16 bias×nBias
 //	             nStop:u8 stop:u32×nStop ignoreEOS:u8 salt:str16 priority:i32
 //	             constraint logprobs:u8 topLogprobs:u8 forced
+//	             promptLogprobs:u8 promptTopLogprobs:u8
 //	bias      := token:u32 bias:f32                (tokens strictly increasing)
 //	constraint := kind:u8                          0: none
 //	            | kind:u8 strict:u8 schema:bytes32 1: json_object (no schema),
@@ -101,6 +102,9 @@ type Tokens struct {
 	Start    int
 	IDs      []int
 	Logprobs []*request.Logprobs
+	// Prompt are the prompt logprobs (request.Token.Prompt), only in the
+	// message that starts at 0, when the request asked for them.
+	Prompt []request.Logprobs
 }
 
 // ErrorCode classifies why a request failed, for the gateway's answer.
@@ -267,6 +271,16 @@ func (e *encoder) job(j *Job) {
 	}
 	e.u8(uint8(s.TopLogprobs))
 	e.forced(s.Forced, j.MaxTokens)
+	if s.PromptTopLogprobs < 0 || s.PromptTopLogprobs > request.MaxTopLogprobs || (s.PromptTopLogprobs > 0 && !s.PromptLogprobs) {
+		e.fail("prompt top logprobs %d (prompt logprobs %v, limit %d)", s.PromptTopLogprobs, s.PromptLogprobs, request.MaxTopLogprobs)
+		return
+	}
+	if s.PromptLogprobs {
+		e.u8(1)
+	} else {
+		e.u8(0)
+	}
+	e.u8(uint8(s.PromptTopLogprobs))
 }
 
 func (e *encoder) constraint(g *grammar.Grammar) {
@@ -325,6 +339,10 @@ func (e *encoder) requestPlane(m Message) bool {
 		e.int32("start", m.Start, maxInt32)
 		e.ids("tokens", m.IDs, MaxTokensPerMsg, false)
 		e.tokenLogprobs(m)
+		if m.Prompt != nil && m.Start != 0 {
+			e.fail("tokens from %d with prompt logprobs", m.Start)
+		}
+		e.promptLogprobs("prompt logprobs", m.Prompt)
 	case *Result:
 		e.ref(m.Ref)
 		if m.Reason > request.FinishError || m.Code >= numCodes {
@@ -440,6 +458,11 @@ func (d *decoder) job() Job {
 		d.fail("top logprobs %d (logprobs %v, limit %d)", j.Sampling.TopLogprobs, j.Sampling.Logprobs, request.MaxTopLogprobs)
 	}
 	j.Sampling.Forced = d.forced(j.MaxTokens)
+	j.Sampling.PromptLogprobs = d.bool("prompt logprobs")
+	j.Sampling.PromptTopLogprobs = int(d.u8())
+	if d.err == nil && (j.Sampling.PromptTopLogprobs > request.MaxTopLogprobs || (j.Sampling.PromptTopLogprobs > 0 && !j.Sampling.PromptLogprobs)) {
+		d.fail("prompt top logprobs %d (prompt logprobs %v, limit %d)", j.Sampling.PromptTopLogprobs, j.Sampling.PromptLogprobs, request.MaxTopLogprobs)
+	}
 	return j
 }
 
@@ -487,6 +510,10 @@ func (d *decoder) requestPlane(t MsgType) Message {
 	case MsgTokens:
 		t := &Tokens{Ref: d.ref(), Start: d.int32("start", maxInt32), IDs: d.ids("tokens", MaxTokensPerMsg, false)}
 		t.Logprobs = d.tokenLogprobs(len(t.IDs))
+		t.Prompt = d.promptLogprobs("prompt logprobs")
+		if d.err == nil && t.Prompt != nil && t.Start != 0 {
+			d.fail("tokens from %d with prompt logprobs", t.Start)
+		}
 		return t
 	case MsgResult:
 		r := &Result{Ref: d.ref()}

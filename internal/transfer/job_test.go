@@ -38,7 +38,7 @@ func sampleJob() Job {
 			PresencePenalty: -1.5, FrequencyPenalty: 2,
 			LogitBias: []request.TokenBias{{Token: 0, Bias: -request.MaxBias}, {Token: 261, Bias: 0.5}, {Token: 1<<31 - 1, Bias: request.MaxBias}},
 			Grammar:   mustGrammar(grammar.JSONSchema, true, jobSchema),
-			Logprobs:  true, TopLogprobs: request.MaxTopLogprobs,
+			Logprobs:  true, TopLogprobs: request.MaxTopLogprobs, PromptLogprobs: true, PromptTopLogprobs: 7,
 			Forced: []int{0, 9, 1<<31 - 1, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30}},
 		StopTokens: []int{2, 7}, IgnoreEOS: true, CacheSalt: strings.Repeat("n", 300) + "|salt", Priority: -3,
 	}
@@ -93,6 +93,9 @@ func requestPlaneMessages() []Message {
 			{Logprob: -math.MaxFloat32, Top: []request.TokenLogprob{{ID: 2, Logprob: 0}, {ID: 1, Logprob: -3}}},
 		}},
 		&Tokens{Ref: sampleRef(), Start: 3, IDs: []int{7}, Logprobs: []*request.Logprobs{{Logprob: -2}}},
+		&Tokens{Ref: sampleRef(), Start: 0, IDs: []int{7}, Prompt: []request.Logprobs{{Logprob: -2}, {Logprob: -0.125, Top: []request.TokenLogprob{{ID: 4, Logprob: -0.125}}}}},
+		&Prefill{Grant: Grant{Ref: sampleRef()}, Decode: "d", Job: Job{Prompt: []int{5, 6}, MaxTokens: 1,
+			Sampling: request.Sampling{PromptLogprobs: true, PromptTopLogprobs: request.MaxTopLogprobs}}},
 		&Result{Ref: sampleRef(), Reason: request.FinishStop, Usage: request.Usage{PromptTokens: 4, CompletionTokens: 9, CachedTokens: 2}},
 		&Result{Ref: sampleRef(), Reason: request.FinishError, Code: CodeHandoff, Handoff: ReasonPageCountMismatch},
 	}
@@ -158,6 +161,11 @@ func TestRequestPlaneRefuses(t *testing.T) {
 		"logprobs for fewer tokens":     &Tokens{Ref: sampleRef(), IDs: []int{1, 2}, Logprobs: []*request.Logprobs{{Logprob: -1}}},
 		"a token without logprobs":      &Tokens{Ref: sampleRef(), IDs: []int{1, 2}, Logprobs: []*request.Logprobs{{Logprob: -1}, nil}},
 		"manifest first logprob NaN":    &Manifest{Ref: sampleRef(), FirstLogprobs: &request.Logprobs{Logprob: nan}},
+		"manifest prompt logprob NaN":   &Manifest{Ref: sampleRef(), PromptLogprobs: []request.Logprobs{{Logprob: -1}, {Logprob: nan}}},
+		"prompt logprob positive":       &Tokens{Ref: sampleRef(), IDs: []int{1}, Prompt: []request.Logprobs{{Logprob: 0.5}}},
+		"prompt logprobs after start 0": &Tokens{Ref: sampleRef(), Start: 1, IDs: []int{1}, Prompt: []request.Logprobs{{Logprob: -1}}},
+		"prompt top without prompt":     gen(func(g *Generate) { g.Job.Sampling.PromptLogprobs = false }),
+		"too many prompt top logprobs":  gen(func(g *Generate) { g.Job.Sampling.PromptTopLogprobs = request.MaxTopLogprobs + 1 }),
 		"unknown reason":                &Result{Ref: sampleRef(), Reason: request.FinishError + 1},
 		"unknown code":                  &Result{Ref: sampleRef(), Code: numCodes},
 	} {
@@ -239,6 +247,44 @@ func TestLogprobsDecoderRefuses(t *testing.T) {
 	}
 }
 
+// TestPromptLogprobsDecoderRefuses: a prompt-logprobs list a peer made
+// by hand is a protocol error when its count is beyond the bound or the
+// bytes left (checked before allocating), when an entry is not valid
+// logprobs, or when the flag is not a boolean; the unpatched list decodes
+// to what was sent.
+func TestPromptLogprobsDecoderRefuses(t *testing.T) {
+	good := []request.Logprobs{{Logprob: -1.5, Top: []request.TokenLogprob{{ID: 3, Logprob: -0.25}}}, {Logprob: -2, Top: []request.TokenLogprob{{ID: 4, Logprob: -2}}}}
+	e := &encoder{}
+	e.promptLogprobs("pl", good)
+	if e.err != nil {
+		t.Fatal(e.err)
+	}
+	if d := (&decoder{b: slices.Clone(e.b)}); !cmp.Equal(d.promptLogprobs("pl"), good) || d.err != nil {
+		t.Fatalf("unpatched: %v", d.err)
+	}
+	for _, tc := range []struct {
+		name  string
+		patch func(b []byte) []byte
+	}{
+		{"flag 2", func(b []byte) []byte { b[0] = 2; return b }},
+		{"count beyond the bound", func(b []byte) []byte { binary.BigEndian.PutUint32(b[1:], MaxPromptTokens+1); return b }},
+		{"count beyond the body", func(b []byte) []byte { binary.BigEndian.PutUint32(b[1:], 1<<30); return b }},
+		{"one entry short", func(b []byte) []byte { binary.BigEndian.PutUint32(b[1:], 3); return b }},
+		{"cut inside an entry", func(b []byte) []byte { return b[:len(b)-3] }},
+		{"NaN entry", func(b []byte) []byte {
+			binary.BigEndian.PutUint32(b[5:], math.Float32bits(float32(math.NaN())))
+			return b
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &decoder{b: tc.patch(slices.Clone(e.b))}
+			if v := d.promptLogprobs("pl"); !errors.Is(d.err, ErrFrame) || v != nil {
+				t.Errorf("decoded %+v: %v", v, d.err)
+			}
+		})
+	}
+}
+
 // TestJobDecoderRefuses: the decoder checks the job's new fields itself,
 // on bytes no encoder of ours would write.
 func TestJobDecoderRefuses(t *testing.T) {
@@ -306,17 +352,19 @@ func TestJobConstraintRefused(t *testing.T) {
 	j := sampleJob()
 	j.Sampling.Grammar = nil
 	j.Sampling.Logprobs, j.Sampling.TopLogprobs, j.Sampling.Forced = false, 0, nil
+	j.Sampling.PromptLogprobs, j.Sampling.PromptTopLogprobs = false, 0
 	e := &encoder{}
 	e.job(&j)
-	// The constraint's kind 0, then logprobs, top logprobs and forced, 0.
-	if e.err != nil || !bytes.Equal(e.b[len(e.b)-4:], []byte{0, 0, 0, 0}) {
-		t.Fatalf("unconstrained job: %v, last bytes %v", e.err, e.b[len(e.b)-4:])
+	// The constraint's kind 0, then logprobs, top logprobs, forced,
+	// prompt logprobs and prompt top logprobs, 0.
+	if e.err != nil || !bytes.Equal(e.b[len(e.b)-6:], []byte{0, 0, 0, 0, 0, 0}) {
+		t.Fatalf("unconstrained job: %v, last bytes %v", e.err, e.b[len(e.b)-6:])
 	}
-	head := e.b[:len(e.b)-4]
+	head := e.b[:len(e.b)-6]
 	with := func(kind, strict byte, schema string) []byte {
 		b := append(append([]byte(nil), head...), kind, strict)
 		b = binary.BigEndian.AppendUint32(b, uint32(len(schema)))
-		return append(append(b, schema...), 0, 0, 0)
+		return append(append(b, schema...), 0, 0, 0, 0, 0)
 	}
 	for _, tc := range []struct {
 		name, want string

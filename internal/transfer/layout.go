@@ -12,7 +12,7 @@ import (
 
 // ProtocolVersion is the version of the handoff protocol and of its frame
 // format. It is part of every LayoutHash and every frame header.
-const ProtocolVersion uint16 = 3 // 2: the load plane (LoadQuery, Load); 3: logprobs and teacher forcing (logprobs.go)
+const ProtocolVersion uint16 = 4 // 2: the load plane (LoadQuery, Load); 3: logprobs and teacher forcing (logprobs.go); 4: prompt logprobs (a job's flags, the manifest's and the first Tokens' lists)
 
 // Bounds on layout dimensions, as in kvcache: far above any real model,
 // and they keep every size computation inside int64.

@@ -13,7 +13,17 @@ import (
 //
 //	logprobs := lp:f32 k:u8 (id:u32 lp:f32)×k     (k ≤ request.MaxTopLogprobs)
 //	Tokens   := ref start:int n:u16 id:u32×n has:u8 logprobs×n (when has = 1)
-//	Manifest := ... has:u8 logprobs (when has = 1; the first token's)
+//	            prompt                            (protocol 4)
+//	Manifest := ... has:u8 logprobs (when has = 1; the first token's) prompt
+//	prompt   := has:u8 [n:u32 logprobs×n]         (n ≤ MaxPromptTokens)
+//
+// prompt is the request's prompt logprobs (request.Token.Prompt, protocol
+// 4): the prefill node sends them in the manifest, the decode node with
+// the first token (start 0) and never with a later one; a job carries
+// promptLogprobs:u8 promptTopLogprobs:u8 after its forced tokens. The
+// receiver that knows the request checks that their count is the prompt's
+// less one and each has the alternatives asked (sched.CommitImportPrompt,
+// disagg's router).
 //
 // Both ends check each one with request.Logprobs.Check (finite values at
 // most 0, ids in int32, best first, each once): a NaN, an infinity or a
@@ -126,6 +136,60 @@ func (d *decoder) optLogprobs(field string) *request.Logprobs {
 		return nil
 	}
 	return d.logprobs(field)
+}
+
+// promptLogprobs encodes an optional list of prompt logprobs.
+func (e *encoder) promptLogprobs(field string, v []request.Logprobs) {
+	if v == nil {
+		e.u8(0)
+		return
+	}
+	if len(v) > MaxPromptTokens {
+		e.fail("%s: %d entries (limit %d)", field, len(v), MaxPromptTokens)
+		return
+	}
+	e.u8(1)
+	e.u32(uint32(len(v)))
+	for i := range v {
+		e.logprobs(field, &v[i])
+	}
+}
+
+func (d *decoder) promptLogprobs(field string) []request.Logprobs {
+	if !d.bool(field) || d.err != nil {
+		return nil
+	}
+	n := int(d.u32())
+	if d.err != nil {
+		return nil
+	}
+	// Each takes at least 5 bytes: check before allocating.
+	if n > MaxPromptTokens || 5*n > len(d.b) {
+		d.fail("%s: %d entries (limit %d) need at least %d bytes, %d remain", field, n, MaxPromptTokens, 5*n, len(d.b))
+		return nil
+	}
+	v := make([]request.Logprobs, n)
+	for i := range v {
+		l := d.logprobs(field)
+		if d.err != nil {
+			return nil
+		}
+		v[i] = *l
+	}
+	return v
+}
+
+// promptLogprobsEqual compares two optional lists by value.
+func promptLogprobsEqual(a, b []request.Logprobs) bool {
+	if (a == nil) != (b == nil) || len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !logprobsEqual(&a[i], &b[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // forced encodes a job's teacher-forced tokens: has:u8 n:u32 id×n, so

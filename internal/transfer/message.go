@@ -157,6 +157,9 @@ type Manifest struct {
 	// FirstLogprobs are FirstToken's when the request asked for them
 	// (logprobs.go), nil otherwise.
 	FirstLogprobs *request.Logprobs
+	// PromptLogprobs are the prompt's when the request asked for them
+	// (logprobs.go, protocol 4), nil otherwise.
+	PromptLogprobs []request.Logprobs
 }
 
 // Commit says the sender has sent every page and the manifest: the

@@ -526,7 +526,7 @@ func (r *Receiver) result(rv *resv) error {
 func manifestsEqual(a, b *Manifest) bool {
 	return a.Ref == b.Ref && a.Layout == b.Layout && a.PageCount == b.PageCount && a.TotalTokens == b.TotalTokens &&
 		a.FirstToken == b.FirstToken && slices.Equal(a.Filled, b.Filled) && slices.Equal(a.PageDigests, b.PageDigests) &&
-		logprobsEqual(a.FirstLogprobs, b.FirstLogprobs)
+		logprobsEqual(a.FirstLogprobs, b.FirstLogprobs) && promptLogprobsEqual(a.PromptLogprobs, b.PromptLogprobs)
 }
 
 func (r *Receiver) manifestArrived(from Peer, m *Manifest) error {
@@ -582,7 +582,8 @@ func (r *Receiver) tryCommit(rv *resv) {
 	r.stats.Committed++
 	res := rv.Reservation
 	res.Pages = slices.Clone(res.Pages)
-	r.emit(&Deliver{Reservation: res, Filled: slices.Clone(m.Filled), TotalTokens: m.TotalTokens, FirstToken: m.FirstToken, FirstLogprobs: m.FirstLogprobs})
+	r.emit(&Deliver{Reservation: res, Filled: slices.Clone(m.Filled), TotalTokens: m.TotalTokens, FirstToken: m.FirstToken, FirstLogprobs: m.FirstLogprobs,
+		PromptLogprobs: m.PromptLogprobs})
 	r.emit(&Ended{Ref: rv.ref(), Outcome: OutcomeCommitted})
 	for _, p := range r.parties(rv, "") {
 		r.send(p, &Committed{rv.ref()})

@@ -82,6 +82,7 @@ type handoff struct {
 	total       int
 	first       int
 	firstLP     *request.Logprobs
+	promptLP    []request.Logprobs
 
 	nextBeat Time
 	drainBy  Time
@@ -268,6 +269,13 @@ func (s *Sender) Sent(id ReservationID, index int) error {
 // firstLogprobs are the first token's, when the request asked for them;
 // they go out in the manifest.
 func (s *Sender) PrefillDone(id ReservationID, totalTokens, firstToken int, firstLogprobs *request.Logprobs) error {
+	return s.PrefillDonePrompt(id, totalTokens, firstToken, firstLogprobs, nil)
+}
+
+// PrefillDonePrompt is PrefillDone with the prompt logprobs of a request
+// that asked for them (sched.Export.PromptLogprobs); they go out in the
+// manifest too.
+func (s *Sender) PrefillDonePrompt(id ReservationID, totalTokens, firstToken int, firstLogprobs *request.Logprobs, prompt []request.Logprobs) error {
 	h, err := s.sending(id)
 	if err != nil {
 		return err
@@ -283,7 +291,7 @@ func (s *Sender) PrefillDone(id ReservationID, totalTokens, firstToken int, firs
 			return s.fail(h, ReasonPageCountMismatch, "prefill done with %d of %d pages", h.ready, len(h.pages))
 		}
 	}
-	h.prefillDone, h.total, h.first, h.firstLP = true, totalTokens, firstToken, firstLogprobs
+	h.prefillDone, h.total, h.first, h.firstLP, h.promptLP = true, totalTokens, firstToken, firstLogprobs, prompt
 	s.trySeal(h)
 	return nil
 }
@@ -297,7 +305,8 @@ func (s *Sender) trySeal(h *handoff) {
 	}
 	n := h.ready
 	m := &Manifest{Ref: h.Ref, Layout: s.hash, PageCount: n, Filled: make([]int, n), TotalTokens: h.total,
-		PageDigests: make([][32]byte, n), FirstToken: h.first, FirstLogprobs: h.firstLP}
+		PageDigests: make([][32]byte, n), FirstToken: h.first, FirstLogprobs: h.firstLP,
+		PromptLogprobs: h.promptLP}
 	for i := range n {
 		m.Filled[i], m.PageDigests[i] = h.pages[i].filled, h.pages[i].digest
 	}
