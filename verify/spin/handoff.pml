@@ -1017,5 +1017,14 @@ init {
 #ifdef LIVENESS
 #define settled (pst[0] != P_OWNED && pst[1] != P_OWNED && pst[2] != P_OWNED && \
                  pwr[0] == 0 && pwr[1] == 0 && pwr[2] == 0)
+#ifdef TWO_REQUESTS
+/* With two requests also: each request ends in decode's scheduler (both
+ * Generates are in decode's inbox from the start, so both are taken). The
+ * gateway's end is not required: a Result or Abort lost to a full inbox
+ * leaves it waiting, and the request's own deadline is not modelled. */
+#define ended (TERMINAL(sst[0]) && TERMINAL(sst[1]))
+ltl pages_settle { <> [] (settled && ended) }
+#else
 ltl pages_settle { <> [] settled }
+#endif
 #endif
