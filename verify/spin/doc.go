@@ -24,8 +24,9 @@
 //     flight (I7); a write for a reservation that ended is refused;
 //   - a request's scheduler state ends once and the gateway answers
 //     success only for a request that committed and finished (I4, I10);
-//   - every page of the decode pool is eventually free or quarantined
-//     (liveness, under weak fairness).
+//   - every page of the decode pool is eventually free or quarantined,
+//     and with two requests each ends in the scheduler (liveness, with
+//     no fairness assumption).
 //
 // The incident's variant (no page-count check, pages reused unscrubbed)
 // must yield a counterexample in which attention reads the other

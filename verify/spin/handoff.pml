@@ -31,7 +31,8 @@
  *   ASYNC_WRITES  page copies land after PageArrived returns (the core's
  *                 general contract; disagg's driver copies at once), so
  *                 drains and fences are reachable;
- *   LIVENESS      the LTL property pages_settle (pan -a -f);
+ *   LIVENESS      the LTL property pages_settle (pan -a; not -f, see
+ *                 docs/spin.md);
  *   FOREIGN_ONLY  assert only the cross-tenant property at attention (no
  *                 position read holds another request's bytes), so that
  *                 a counterexample goes on to the read itself.
@@ -1013,7 +1014,8 @@ init {
 
 /* Liveness: every page of the decode pool is eventually, and then for
  * ever, free or quarantined, with no writer in flight. Checked with
- * pan -a -f (weak fairness) and -DLIVENESS. */
+ * pan -a and -DLIVENESS (no fairness assumption: docs/spin.md says why
+ * not -f). */
 #ifdef LIVENESS
 #define settled (pst[0] != P_OWNED && pst[1] != P_OWNED && pst[2] != P_OWNED && \
                  pwr[0] == 0 && pwr[1] == 0 && pwr[2] == 0)

@@ -80,7 +80,7 @@ var checks = []check{
 
 // TestModel checks handoff.pml exhaustively in each configuration:
 // safety (assertions, invalid end states) with pan's default search,
-// liveness with -a -f. A correct model must have no error; a broken
+// liveness with -a. A correct model must have no error; a broken
 // variant must have one, and its trail is replayed and summarised.
 func TestModel(t *testing.T) {
 	if testing.Short() {
