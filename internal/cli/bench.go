@@ -170,6 +170,9 @@ tokens/s (B*n / decode time, llama-batched-bench's S_TG):
 				}
 				sampleBW(5)
 				// The rows of this thread count wait for the final bw.
+				// perTok is what a token reads in pagewarden's layout (0
+				// for prefill rows and for llama.cpp, whose layout differs:
+				// no bandwidth columns).
 				type pendingRow struct {
 					tier, test     string
 					lo, hi, perTok float64
@@ -180,12 +183,9 @@ tokens/s (B*n / decode time, llama-batched-bench's S_TG):
 						gbs, share := "-", "-"
 						if r.perTok > 0 {
 							gbs = fmt.Sprintf("%.1f", r.perTok*r.hi/1e9)
-							if bw > 0 && r.tier != "llama.cpp" {
+							if bw > 0 {
 								share = fmt.Sprintf("%.0f%%", 100*r.perTok*r.hi/bw)
 							}
-						}
-						if r.tier == "llama.cpp" {
-							gbs = "-"
 						}
 						fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%.1f\t%.1f-%.1f\t%s\t%s\t\n", m.Name, m.WeightType, r.tier, t, r.test, r.hi, r.lo, r.hi, gbs, share)
 					}
@@ -234,7 +234,7 @@ tokens/s (B*n / decode time, llama-batched-bench's S_TG):
 					}
 					if other != nil {
 						lo, hi := slices.Min(theirs), slices.Max(theirs)
-						pending = append(pending, pendingRow{"llama.cpp", test, lo, hi, perTok})
+						pending = append(pending, pendingRow{"llama.cpp", test, lo, hi, 0})
 						for k, tier := range tierList {
 							ratios = append(ratios, fmt.Sprintf("%s\t%d\t%s\t%.2f\t", tier, t, test, slices.Max(rates[k])/hi))
 						}
