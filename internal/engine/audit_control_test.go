@@ -17,16 +17,16 @@ import (
 	"github.com/pagewarden/pagewarden/internal/testdata"
 )
 
-// rescoreDelta re-scores r teacher-forced on fresh pages (as the audit
-// tenant, alone) and returns the largest |Δlogprob| of the emitted tokens
+// rescoreDelta re-scores r as the replay audit does — one prefill over
+// prompt+answer on fresh pages, as the audit tenant, alone
+// (prefillRescore) — and returns the largest |Δlogprob| of the emitted tokens
 // and whether any position differs at all (value bits or any of the top
 // alternatives: the audit's exact comparison).
 func rescoreDelta(t *testing.T, n *sched.Node, r auditRecord) (float64, bool) {
 	t.Helper()
-	got, lps := lpRun(t, n, request.Params{Owner: request.Owner{Tenant: "_audit", ID: request.NewID()}, Prompt: r.prompt,
-		MaxTokens: len(r.tokens), Sampling: request.Sampling{Logprobs: true, TopLogprobs: 5, Forced: r.tokens}, IgnoreEOS: true})
-	if !slices.Equal(got, r.tokens) {
-		t.Fatalf("re-score emitted %v, forced %v", got, r.tokens)
+	lps, err := prefillRescore(n, r.prompt, r.tokens, 5)
+	if err != nil {
+		t.Fatal(err)
 	}
 	worst, differs := 0.0, false
 	for i := range lps {

@@ -3,6 +3,7 @@ package gateway
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -16,11 +17,16 @@ import (
 
 // The replay audit (DESIGN.md, layer C): a sampled fraction of the
 // answers that went out with a 200 is re-scored, after the fact,
-// teacher-forced on fresh pages: the audit submits the request's prompt
-// with the answer's tokens forced (request.Sampling.Forced), so the
-// engine computes, at every generated position, the logits of the
-// answer's own history and the log-probability of the token that was
-// sent, without drawing. The answer recorded, at generation, each
+// teacher-forced on fresh pages, in one prefill: the audit submits the
+// request's prompt followed by the answer's tokens but the last as a
+// prompt whose log-probabilities it asks for
+// (request.Sampling.PromptLogprobs), with the last token forced
+// (request.Sampling.Forced, max_tokens 1), so the engine computes, at
+// every generated position, the logits of the answer's own history and
+// the log-probability of the token that was sent, without drawing — all
+// positions in the steps of one prefill (chunks of the scheduler's step
+// budget) rather than one decode step per token: about a quarter of the
+// CPU a forced decode took (engine.BenchmarkAuditRescore). The answer recorded, at generation, each
 // token's log-probability and a digest of its top-k alternatives
 // (auditTopK, ids and values), because the gateway asked the engine for
 // them when it picked the answer for audit (before submitting it:
@@ -28,8 +34,9 @@ import (
 // compared with the record.
 //
 // The engine's kernels give the same logits whatever the batch,
-// chunking or prefix cache (the decode and prefill paths too:
-// engine.TestLogprobsTeacherForced), so a clean answer re-scores bit for
+// chunking or prefix cache, and a prompt row's logits in prefill are a
+// decode step's at that position bit for bit (engine.TestPromptLogprobs,
+// on F32, F16, Q8_0 and Q4_K_M weights), so a clean answer re-scores bit for
 // bit, and the comparison is exact by default: equal log-probability
 // bits and equal digests. Config.AuditTolerance relaxes it to |Δlogprob|
 // within the tolerance for clusters whose nodes cannot agree bit for
@@ -186,15 +193,26 @@ func (a *auditor) run(ctx context.Context) {
 // with what was recorded.
 func (a *auditor) replay(ctx context.Context, j auditJob) {
 	orig := j.p.Owner
+	if len(j.p.Prompt) == 0 {
+		// No row predicts an empty prompt's first token (no engine
+		// generates from nothing): nothing to compare it with.
+		a.failed(orig, errors.New("an answer to an empty prompt has no row to re-score its first token"))
+		return
+	}
 	p := j.p
+	n := len(j.tokens)
 	p.Owner = request.Owner{Tenant: AuditTenant, ID: request.NewID()}
-	p.MaxTokens = len(j.tokens)
+	// One prefill over the prompt and the answer but its last token,
+	// which is forced: its row is the last prompt row.
+	p.Prompt = append(slices.Clip(j.p.Prompt), j.tokens[:n-1]...)
+	p.MaxTokens = 1
 	p.Priority = auditPriority
 	p.CacheSalt = fmt.Sprintf("audit|%x", p.Owner.ID[:])
 	// Forced tokens: no draw, so none of the sampling knobs or the
 	// output constraint matters (logprobs are the raw distribution's).
 	// The stop tokens stay: a forced answer that ended on one ends there.
-	p.Sampling = request.Sampling{Seed: j.p.Sampling.Seed, Logprobs: true, TopLogprobs: auditTopK, Forced: j.tokens}
+	p.Sampling = request.Sampling{Seed: j.p.Sampling.Seed, Logprobs: true, TopLogprobs: auditTopK,
+		PromptLogprobs: true, PromptTopLogprobs: auditTopK, Forced: j.tokens[n-1:]}
 	st, err := a.s.backend.Submit(WithReplayOf(ctx, orig), p)
 	if err != nil {
 		a.failed(orig, err)
@@ -202,6 +220,7 @@ func (a *auditor) replay(ctx context.Context, j auditJob) {
 	}
 	var got []int
 	var gotLP []*request.Logprobs
+	var prompt []request.Logprobs
 	for t := range st.Tokens() {
 		if t.Owner != p.Owner {
 			// The relay's own check (I10) on the replay's stream.
@@ -212,6 +231,9 @@ func (a *auditor) replay(ctx context.Context, j auditJob) {
 			a.failed(orig, fmt.Errorf("%w: a replay token for %v", ErrOwnerMismatch, t.Owner))
 			return
 		}
+		if t.Index == 0 {
+			prompt = t.Prompt
+		}
 		got = append(got, t.ID)
 		gotLP = append(gotLP, t.Logprobs)
 	}
@@ -220,12 +242,23 @@ func (a *auditor) replay(ctx context.Context, j auditJob) {
 		a.failed(orig, fmt.Errorf("replay ended %v: %v", res.Reason, res.Err))
 		return
 	}
-	if !slices.Equal(got, j.tokens) {
+	if !slices.Equal(got, j.tokens[n-1:]) {
 		// Forced tokens come back as forced, or the backend is broken:
 		// not a verdict on the answer.
-		a.failed(orig, fmt.Errorf("a teacher-forced re-score emitted %d tokens other than the %d forced", len(got), len(j.tokens)))
+		a.failed(orig, fmt.Errorf("a teacher-forced re-score emitted %v, not the forced %d", got, j.tokens[n-1]))
 		return
 	}
+	if len(prompt) != len(p.Prompt)-1 {
+		a.failed(orig, fmt.Errorf("a re-score came back with %d prompt logprobs for %d prompt tokens", len(prompt), len(p.Prompt)))
+		return
+	}
+	// The answer's positions: the prompt rows after the original
+	// prompt's last, then the forced token's.
+	rescored := make([]*request.Logprobs, 0, n)
+	for i := len(j.p.Prompt) - 1; i < len(prompt); i++ {
+		rescored = append(rescored, &prompt[i])
+	}
+	gotLP = append(rescored, gotLP...)
 	var bad []int
 	worst := 0.0
 	for i, lp := range gotLP {
@@ -255,7 +288,7 @@ func (a *auditor) replay(ctx context.Context, j auditJob) {
 	// request id and tenant say whose answer it was.
 	attrs := []any{"tenant", string(orig.Tenant), "request_id", orig.ID.String(), "first_difference_at", bad[0],
 		"positions", truncatedInts(bad, 32), "mismatched_positions", len(bad), "max_abs_delta_logprob", worst,
-		"tolerance", a.tol, "sent_tokens", len(j.tokens), "prompt_tokens", len(p.Prompt), "finish", j.finish}
+		"tolerance", a.tol, "sent_tokens", len(j.tokens), "prompt_tokens", len(j.p.Prompt), "finish", j.finish}
 	// The pages and epochs the answer's sequence held, those still alive
 	// withdrawn (pages in the log as node:page@epoch).
 	attrs = append(attrs, a.forensics(ctx, orig)...)

@@ -3,8 +3,11 @@ package gateway_test
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/pagewarden/pagewarden/internal/gateway"
@@ -130,7 +133,7 @@ func TestLogprobsStreamed(t *testing.T) {
 					}
 					k, _ := tc.body["top_logprobs"].(int)
 					for j, e := range es {
-						if want := gatewaytest.Logprob(j, 3+int(e.Bytes[0])).Logprob; e.Logprob != want || len(e.TopLogprobs) != k {
+						if want := gatewaytest.Logprob(3 + int(e.Bytes[0])).Logprob; e.Logprob != want || len(e.TopLogprobs) != k {
 							t.Errorf("choice %d entry %d: %+v, want logprob %v and %d alternatives", i, j, e, want, k)
 						}
 					}
@@ -234,15 +237,15 @@ func TestLogprobsBadStream(t *testing.T) {
 // as n choices, and usage counts every candidate's tokens.
 func TestBestOf(t *testing.T) {
 	replies := []string{"A long and winding answer.", "Short.", "Mid-length one.", "Tiny"}
-	// Their cumulative logprobs (the fake's, EOS included): Short. -2.625,
-	// Tiny -3.625, Mid-length one. -8, the long one -12.625.
+	// Their cumulative logprobs (the fake's, EOS included): Tiny -2.125,
+	// Short. -4.375, Mid-length one. -8, the long one -13.875.
 	cum := func(r string) (sum float32) {
 		for i := range len(r) {
-			sum += gatewaytest.Logprob(i, 3+int(r[i])).Logprob
+			sum += gatewaytest.Logprob(3 + int(r[i])).Logprob
 		}
-		return sum + gatewaytest.Logprob(len(r), gatewaytest.EOS).Logprob
+		return sum + gatewaytest.Logprob(gatewaytest.EOS).Logprob
 	}
-	if !(cum(replies[1]) > cum(replies[3]) && cum(replies[3]) > cum(replies[2]) && cum(replies[2]) > cum(replies[0])) {
+	if !(cum(replies[3]) > cum(replies[1]) && cum(replies[1]) > cum(replies[2]) && cum(replies[2]) > cum(replies[0])) {
 		t.Fatalf("the fake's cumulative logprobs %v %v %v %v are not in the order the cases expect", cum(replies[0]), cum(replies[1]), cum(replies[2]), cum(replies[3]))
 	}
 	h := newHarness(t, &gatewaytest.Fake{Model: "fake-model", Window: 4096, PageSize: 16, Pages: 1 << 16,
@@ -254,8 +257,8 @@ func TestBestOf(t *testing.T) {
 		logprobs  bool
 		want      []string
 	}{
-		{1, 4, false, []string{"Short."}},
-		{2, 4, true, []string{"Short.", "Tiny"}},
+		{1, 4, false, []string{"Tiny"}},
+		{2, 4, true, []string{"Tiny", "Short."}},
 		{2, 3, false, []string{"Short.", "Mid-length one."}},
 		{4, 4, false, replies},
 	} {
@@ -350,6 +353,65 @@ func TestAuditRescore(t *testing.T) {
 	}
 	if lines != 4 {
 		t.Errorf("%d ERROR lines, want 4", lines)
+	}
+}
+
+// TestAuditRescoreIsOnePrefill: the re-score the audit submits is one
+// prefill — the answer's prompt and every answer token but the last as
+// its prompt, prompt logprobs asked with the audit's alternatives, the
+// last token forced, max_tokens 1, as the audit tenant at the lowest
+// priority with a salt of its own — and a backend that answers it with
+// one prompt logprob short fails the replay (not a verdict: no match, no
+// mismatch).
+func TestAuditRescoreIsOnePrefill(t *testing.T) {
+	for _, short := range []bool{false, true} {
+		var mu sync.Mutex
+		var replays []request.Params
+		var orig request.Params
+		fake := &gatewaytest.Fake{Model: "fake-model", Window: 4096, PageSize: 16, Pages: 1 << 16,
+			Behave: func(p request.Params) gatewaytest.Behavior {
+				if p.Owner.Tenant != gateway.AuditTenant {
+					mu.Lock()
+					orig = p
+					mu.Unlock()
+					return gatewaytest.Behavior{}
+				}
+				mu.Lock()
+				replays = append(replays, p)
+				mu.Unlock()
+				if short {
+					return gatewaytest.Behavior{Fault: gatewaytest.FaultShortPromptLogprobs}
+				}
+				return gatewaytest.Behavior{}
+			}}
+		h := newHarness(t, fake, func(c *gateway.Config) { c.AuditRate = 1 })
+		r := h.post("/v1/completions", keyAlpha, map[string]any{"prompt": "Hi", "max_tokens": 5})
+		if r.status != http.StatusOK {
+			t.Fatalf("status %d: %s", r.status, r.body)
+		}
+		want := "match"
+		if short {
+			want = "failed"
+		}
+		eventually(t, "the re-score", func() bool {
+			return metricValue(t, h, fmt.Sprintf(`pagewarden_audit_replays_total{result=%q}`, want)) == "1"
+		})
+		mu.Lock()
+		if len(replays) != 1 {
+			t.Fatalf("%d replays", len(replays))
+		}
+		p := replays[0]
+		mu.Unlock()
+		answer, _ := fake.Tokenize(gatewaytest.DefaultReply[:5], false, false)
+		seq := append(append([]int(nil), orig.Prompt...), answer[:4]...)
+		s := p.Sampling
+		if !slices.Equal(p.Prompt, seq) || p.MaxTokens != 1 || !slices.Equal(s.Forced, answer[4:]) || !s.PromptLogprobs || s.PromptTopLogprobs != 5 ||
+			!s.Logprobs || s.TopLogprobs != 5 || p.Priority != math.MinInt32 || !strings.HasPrefix(p.CacheSalt, "audit|") {
+			t.Errorf("short %v: re-score params %+v; want the prompt %v", short, p, seq)
+		}
+		if v := metricValue(t, h, "pagewarden_audit_mismatches_total"); v != "0" {
+			t.Errorf("short %v: mismatches %s", short, v)
+		}
 	}
 }
 

@@ -42,31 +42,34 @@ const DefaultReply = "Hello from pagewarden."
 type Fault int
 
 const (
-	NoFault             Fault = iota
-	FaultError                // after At tokens: FinishError with request.ErrInternal
-	FaultAbort                // after At tokens: FinishAbort (a server-side abort)
-	FaultStall                // after At tokens: wait until aborted or ctx is done
-	FaultWrongOwner           // token number At (0-based) carries another tenant's owner
-	FaultResultOwner          // the terminal Result carries another owner
-	FaultBadUsage             // the Result's usage miscounts completion tokens
-	FaultSuccessWithErr       // FinishStop with a non-nil Err
-	FaultTokenIndex           // token number At carries index At+1 (a gap: a lost or reordered token)
-	FaultRepeatIndex          // token number At carries index At-1 (a duplicate)
-	FaultLogprobNaN           // token number At's logprob is NaN
-	FaultExtraLogprobs        // token number At carries one more alternative than asked
-	FaultShiftLogprobs        // every logprob is 0.5 lower: an answer whose re-score differs
+	NoFault                  Fault = iota
+	FaultError                     // after At tokens: FinishError with request.ErrInternal
+	FaultAbort                     // after At tokens: FinishAbort (a server-side abort)
+	FaultStall                     // after At tokens: wait until aborted or ctx is done
+	FaultWrongOwner                // token number At (0-based) carries another tenant's owner
+	FaultResultOwner               // the terminal Result carries another owner
+	FaultBadUsage                  // the Result's usage miscounts completion tokens
+	FaultSuccessWithErr            // FinishStop with a non-nil Err
+	FaultTokenIndex                // token number At carries index At+1 (a gap: a lost or reordered token)
+	FaultRepeatIndex               // token number At carries index At-1 (a duplicate)
+	FaultLogprobNaN                // token number At's logprob is NaN
+	FaultExtraLogprobs             // token number At carries one more alternative than asked
+	FaultShiftLogprobs             // every logprob is 0.5 lower: an answer whose re-score differs
+	FaultShortPromptLogprobs       // the first token carries one prompt logprob fewer than the prompt's
 )
 
-// Logprob is the fake's log-probability of generated token number i with
-// id id: a function of both, so that a teacher-forced re-score of the
-// same tokens gives the same values. Its alternatives are the ids after
-// id, each 1 lower than the one before.
-func Logprob(i, id int) *request.Logprobs {
-	return &request.Logprobs{Logprob: -0.125 - 0.25*float32((i+id)%4)}
+// Logprob is the fake's log-probability of token id wherever it stands,
+// generated or in a prompt (request.Sampling.PromptLogprobs): a function
+// of the id alone, so that a re-score of the same tokens — teacher-forced
+// decode, or one prefill over prompt and answer (the replay audit's) —
+// gives the same values. Its alternatives are the ids after id, each 1
+// lower than the one before.
+func Logprob(id int) *request.Logprobs {
+	return &request.Logprobs{Logprob: -0.125 - 0.25*float32(id%4)}
 }
 
-func logprobs(i, id, top int) *request.Logprobs {
-	lp := Logprob(i, id)
+func logprobs(id, top int) *request.Logprobs {
+	lp := Logprob(id)
 	for k := range top {
 		lp.Top = append(lp.Top, request.TokenLogprob{ID: (id + k) % VocabSize, Logprob: lp.Logprob - float32(k)})
 	}
@@ -363,9 +366,21 @@ func (s *stream) run(ctx context.Context) {
 		}
 		tok := request.Token{Owner: owner, Index: i, ID: id}
 		if s.p.Sampling.Logprobs {
-			tok.Logprobs = logprobs(i, id, s.p.Sampling.TopLogprobs)
+			tok.Logprobs = logprobs(id, s.p.Sampling.TopLogprobs)
 			if s.b.Fault == FaultShiftLogprobs {
 				tok.Logprobs.Logprob -= 0.5
+			}
+		}
+		if i == 0 && s.p.Sampling.PromptLogprobs {
+			tok.Prompt = make([]request.Logprobs, max(len(s.p.Prompt)-1, 0))
+			for q := range tok.Prompt {
+				tok.Prompt[q] = *logprobs(s.p.Prompt[q+1], s.p.Sampling.PromptTopLogprobs)
+				if s.b.Fault == FaultShiftLogprobs {
+					tok.Prompt[q].Logprob -= 0.5
+				}
+			}
+			if s.b.Fault == FaultShortPromptLogprobs && len(tok.Prompt) > 0 {
+				tok.Prompt = tok.Prompt[1:]
 			}
 		}
 		if i == s.b.At {
@@ -373,7 +388,7 @@ func (s *stream) run(ctx context.Context) {
 			case FaultLogprobNaN:
 				tok.Logprobs = &request.Logprobs{Logprob: float32(math.NaN())}
 			case FaultExtraLogprobs:
-				tok.Logprobs = logprobs(i, id, s.p.Sampling.TopLogprobs+1)
+				tok.Logprobs = logprobs(id, s.p.Sampling.TopLogprobs+1)
 			case FaultWrongOwner:
 				tok.Owner = request.Owner{Tenant: "intruder", ID: request.NewID()}
 			case FaultTokenIndex:
