@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -582,7 +583,7 @@ func (c *Core) schedule() *Batch {
 		if r.seq == nil || r.life.State().Terminal() || r.awaitingImport {
 			continue // preempted (or ended) earlier in this pass, or its KV is on its way
 		}
-		n := min(len(r.tokens)-r.computed, budget)
+		n := min(len(r.tokens)-r.computed, budget, c.chunkCap(r))
 		if !c.grow(r, r.computed+n) {
 			continue
 		}
@@ -608,7 +609,7 @@ func (c *Core) schedule() *Batch {
 			}
 			continue
 		}
-		seq, cached, n, ok := c.prepareStart(t, r, budget)
+		seq, cached, n, ok := c.prepareStart(t, r, min(budget, c.chunkCap(r)))
 		if !ok {
 			if t.skip == c.step {
 				continue // its own cap: others may go ahead
@@ -732,6 +733,21 @@ func (c *Core) add(b *Batch, r *req, n int) bool {
 	r.scheduled = c.step
 	c.inflightReqs = append(c.inflightReqs, r)
 	return true
+}
+
+// MaxScoredRows bounds the positions a step computes for a request that
+// scores its prompt (request.Sampling.PromptLogprobs): each such position
+// needs its row of logits (a vocabulary of floats: 128 rows of a
+// 49,152-token vocabulary are 25 MB, a 512-token chunk's would be 100 MB
+// for one step). Chunking gives the same bits, so it changes no value.
+const MaxScoredRows = 128
+
+// chunkCap is the most positions a step computes for r.
+func (c *Core) chunkCap(r *req) int {
+	if r.params.Sampling.PromptLogprobs && r.generated == 0 {
+		return MaxScoredRows
+	}
+	return math.MaxInt
 }
 
 // scorePrompt is the Item.ScorePrompt of r's step computing positions

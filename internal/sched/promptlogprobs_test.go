@@ -2,6 +2,7 @@ package sched
 
 import (
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/pagewarden/pagewarden/internal/kvcache"
@@ -186,4 +187,43 @@ func TestImportPromptLogprobs(t *testing.T) {
 			dec.checkFree(t)
 		})
 	}
+}
+
+// TestPromptLogprobsChunkCap: a request scoring its prompt computes at
+// most MaxScoredRows positions a step (each needs a row of logits), so a
+// 300-token prompt under a 512-token budget takes three steps; its
+// neighbour's prompt does not score and goes in one, and the prompt
+// logprobs are all there in order (the harness checks them).
+func TestPromptLogprobsChunkCap(t *testing.T) {
+	h := newHarness(t, harnessOpts{window: 512, pageSize: 16, pages: 64, batchTokens: 512, maxRunning: 8})
+	p := h.mkParams("acme", 300, 2)
+	p.Sampling.PromptLogprobs = true
+	if err := h.submitParams(p); err != nil {
+		t.Fatal(err)
+	}
+	var steps []string
+	for i := 0; !h.core.Idle(); i++ {
+		if i > 100 {
+			t.Fatal("no quiescence")
+		}
+		h.step(t)
+		steps = append(steps, h.last...)
+	}
+	want := []string{"acme:128", "acme:128", "acme:44", "acme:1"}
+	if !slices.Equal(steps, want) {
+		t.Errorf("steps %v, want %v", steps, want)
+	}
+	if r := h.results[p.Owner]; !r.Reason.Success() {
+		t.Fatalf("%v (%v)", r.Reason, r.Err)
+	}
+	q := h.mkParams("acme", 300, 1)
+	if err := h.submitParams(q); err != nil {
+		t.Fatal(err)
+	}
+	h.step(t)
+	if !slices.Equal(h.last, []string{"acme:300"}) {
+		t.Errorf("a prompt that does not score its tokens ran %v", h.last)
+	}
+	h.drain(t)
+	h.checkFree(t)
 }
