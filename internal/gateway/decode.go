@@ -163,6 +163,13 @@ type genParams struct {
 	// its topLogprobs most likely alternatives' (logprobs.go).
 	logprobs    bool
 	topLogprobs int
+	// echoLogprobs: completions' echo with logprobs, the prompt tokens'
+	// entries before the answer's (the first with a null logprob).
+	echoLogprobs bool
+	// promptLogprobs: vLLM's prompt_logprobs, with promptTop
+	// alternatives per prompt token (logprobs.go).
+	promptLogprobs bool
+	promptTop      int
 	// keep, for completions' best_of > n, is the n choices returned of
 	// each prompt's n = best_of candidates (fanout.go); 0 otherwise.
 	keep int
@@ -492,6 +499,9 @@ func parseChat(body []byte) (genParams, []message, bool, *apiError) {
 	if e := parseChatLogprobs(req.Logprobs, req.TopLogprobs, &g); e != nil {
 		return g, nil, false, e
 	}
+	if e := parsePromptLogprobs(req.PromptLogprobs, &g); e != nil {
+		return g, nil, false, e
+	}
 	if len(req.Messages) == 0 {
 		return g, nil, false, badRequest("messages", "'messages' must be a non-empty array.")
 	}
@@ -631,6 +641,9 @@ func parseCompletion(body []byte) (genParams, []promptInput, *apiError) {
 		}
 	}
 	if e := parseCompletionLogprobs(req.Logprobs, &g); e != nil {
+		return g, nil, e
+	}
+	if e := parsePromptLogprobs(req.PromptLogprobs, &g); e != nil {
 		return g, nil, e
 	}
 	if e := parseBestOf(req.BestOf, &g); e != nil {

@@ -40,7 +40,9 @@
 //	                           finish "stop", the token's text not shown),
 //	                           cache_salt, guided_json (a JSON Schema, as
 //	                           an object or a string), n (1 to 128
-//	                           choices, fanout.go)
+//	                           choices, fanout.go), prompt_logprobs (0 to
+//	                           20 alternatives per prompt token, vLLM's
+//	                           shape; not streamed; logprobs.go)
 //	honoured, chat             logprobs, top_logprobs (0 to 20, with
 //	                           logprobs: true; logprobs.go),
 //	                           messages (roles system, developer, user,
@@ -56,7 +58,8 @@
 //	                           is a batch), echo, suffix (fill-in-the-middle
 //	                           with the model's FIM tokens, fim.go),
 //	                           logprobs (0 to 20 alternatives: vLLM's
-//	                           bound, OpenAI's is 5; logprobs.go), best_of
+//	                           bound, OpenAI's is 5; with echo, the prompt
+//	                           tokens' entries first; logprobs.go), best_of
 //	                           (n to 128 candidates, the n most likely
 //	                           returned; not streamed; fanout.go)
 //	accepted (no effect)       user; chat: metadata (≤ 16 pairs),
@@ -69,9 +72,7 @@
 //	                           ("auto", "default"), store (false: stored
 //	                           completions cannot be read back here);
 //	                           completions: top_logprobs (its
-//	                           alternatives are counted in logprobs),
-//	                           logprobs with echo (the prompt's
-//	                           log-probabilities are not computed);
+//	                           alternatives are counted in logprobs);
 //	                           suffix with a model that has no
 //	                           fill-in-the-middle tokens (fim.go), or with
 //	                           a prompt of token ids
@@ -82,7 +83,7 @@
 //	                           use_beam_search (false), length_penalty (1),
 //	                           allowed_token_ids, bad_words ([]),
 //	                           include_stop_str_in_output (false),
-//	                           prompt_logprobs, truncate_prompt_tokens;
+//	                           truncate_prompt_tokens;
 //	                           chat: echo (false), continue_final_message
 //	                           (false), chat_template, chat_template_kwargs,
 //	                           documents
@@ -161,8 +162,11 @@
 // log-softmax over the vocabulary of the logits before logit bias,
 // penalties, temperature, filters and output constraint, as OpenAI and
 // vLLM report them), computed by the engine only for requests that ask
-// and carried with each token to the gateway. echo puts the prompt's text before each choice's (the
-// first delta of a streamed choice).
+// and carried with each token to the gateway; the prompt's (echo with
+// logprobs, prompt_logprobs) come from the prefill that computes the
+// prompt, with the first token. echo puts the prompt's text before each
+// choice's (the first delta of a streamed choice, which carries the
+// prompt tokens' logprobs entries when they are asked).
 //
 // Chat prompts are rendered with the model's GGUF chat template through
 // package chattmpl; when the model has none, or its template cannot be

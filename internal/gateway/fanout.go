@@ -169,7 +169,7 @@ func (c *call) generateN(prompts [][]int, promptParam string, g genParams, newRe
 		prompt, i := prompts[j/g.n], j%g.n
 		k := &call{}
 		*k = *c
-		k.ctx, k.fan, k.index, k.sent, k.sentLP, k.promptTokens = ctx, fan, j, nil, nil, len(prompt)
+		k.ctx, k.fan, k.index, k.sent, k.sentLP, k.promptTokens, k.prompt = ctx, fan, j, nil, nil, len(prompt), prompt
 		id := c.id
 		if j > 0 {
 			id = request.NewID()

@@ -84,7 +84,10 @@ var sharedFields = concat(
 		// A JSON Schema the output must validate against (package grammar).
 		"guided_json",
 		// Choices by fan-out on shared prompt pages (fanout.go).
-		"n"),
+		"n",
+		// The prompt tokens' log-probabilities from the prefill
+		// (logprobs.go), in vLLM's shape.
+		"prompt_logprobs"),
 	accept("user"),
 	[]knownField{
 		// vLLM's extensions this server does not implement.
@@ -102,7 +105,6 @@ var sharedFields = concat(
 		refuse("allowed_token_ids", "'allowed_token_ids'"),
 		refuse("bad_words", "'bad_words'", "[]"),
 		refuse("include_stop_str_in_output", "'include_stop_str_in_output'", "false"),
-		refuse("prompt_logprobs", "'prompt_logprobs'"),
 		refuse("truncate_prompt_tokens", "'truncate_prompt_tokens'"),
 	},
 )

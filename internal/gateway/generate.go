@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/pagewarden/pagewarden/internal/gateway/chattmpl"
 	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
@@ -242,6 +243,10 @@ type responder interface {
 	// logprob adds a shown token's log-probabilities (g.logprobs), before
 	// the delta that carries its text.
 	logprob(c *call, g *genParams, id int, lp *request.Logprobs)
+	// promptLogprobs takes the prompt's log-probabilities (entry i is
+	// prompt token i+1's), which come with the first token when the
+	// request asked for them (echo with logprobs, prompt_logprobs).
+	promptLogprobs(c *call, g *genParams, lps []request.Logprobs)
 }
 
 // generate admits, submits and relays one request. Errors before the
@@ -263,7 +268,7 @@ func (c *call) generate(prompts [][]int, promptParam string, g genParams, newRes
 	if e != nil {
 		return e
 	}
-	c.promptTokens = len(prompt)
+	c.promptTokens, c.prompt = len(prompt), prompt
 	grant, e := c.acquire(len(prompt)+maxTokens, pages)
 	if e != nil {
 		return e
@@ -424,6 +429,14 @@ loop:
 				s.m.badStream.Inc()
 				abortWait()
 				return count, internalError(err)
+			}
+			if err := checkPromptLogprobs(tok, c.sampling, c.promptTokens); err != nil {
+				s.m.badStream.Inc()
+				abortWait()
+				return count, internalError(err)
+			}
+			if tok.Prompt != nil && (g.echoLogprobs || g.promptLogprobs) {
+				resp.promptLogprobs(c, g, tok.Prompt)
 			}
 			now := s.now()
 			if count == 0 {
@@ -640,10 +653,18 @@ type chatResponder struct {
 	// lp holds logprobs entries: streamed, those not yet sent (the next
 	// chunk carries them); otherwise all of them.
 	lp []chatLogprob
+	// promptLP is the response's prompt_logprobs (never streamed).
+	promptLP []map[string]promptLogprob
 }
 
 func (r *chatResponder) logprob(c *call, g *genParams, id int, lp *request.Logprobs) {
 	r.lp = append(r.lp, c.chatEntry(id, lp, g.topLogprobs))
+}
+
+func (r *chatResponder) promptLogprobs(c *call, g *genParams, lps []request.Logprobs) {
+	if g.promptLogprobs {
+		r.promptLP = c.promptLogprobsJSON(c.prompt, lps, g.promptTop)
+	}
 }
 
 type chatChunk struct {
@@ -922,10 +943,15 @@ func (r *chatResponder) choice(c *call, g *genParams, reason string) (any, error
 
 func (r *chatResponder) end(c *call, g *genParams, choices []any, u usageJSON) error {
 	if !g.stream {
-		return c.writeJSON(map[string]any{
+		body := map[string]any{
 			"id": "chatcmpl-" + c.id.String(), "object": "chat.completion", "created": c.start.Unix(),
 			"model": c.s.backend.ModelID(), "choices": choices, "usage": u,
-		})
+		}
+		if g.promptLogprobs {
+			// vLLM's: the response's, one prompt for every choice.
+			body["prompt_logprobs"] = r.promptLP
+		}
+		return c.writeJSON(body)
 	}
 	if g.includeUsage {
 		ch := r.bare(c, chatDelta{}, nil)
@@ -952,6 +978,23 @@ type completionResponder struct {
 	// (characters) after the last entry.
 	lp  *completionLogprobs
 	off int
+	// echoLP are the echoed prompt's entries (echo with logprobs): the
+	// echo's chunk carries them, streamed; otherwise they come first.
+	echoLP *completionLogprobs
+	// promptLP is the choice's prompt_logprobs (never streamed).
+	promptLP []map[string]promptLogprob
+}
+
+func (r *completionResponder) promptLogprobs(c *call, g *genParams, lps []request.Logprobs) {
+	if g.echoLogprobs {
+		r.echoLP, _ = c.echoed(c.prompt, lps, g.topLogprobs)
+		// The answer's offsets count after the echoed text, which is
+		// the choice's text before them.
+		r.off = utf8.RuneCountInString(r.echo)
+	}
+	if g.promptLogprobs {
+		r.promptLP = c.promptLogprobsJSON(c.prompt, lps, g.promptTop)
+	}
 }
 
 func (r *completionResponder) logprob(c *call, g *genParams, id int, lp *request.Logprobs) {
@@ -967,7 +1010,12 @@ func (r *completionResponder) sendEcho(c *call) error {
 		return nil
 	}
 	r.echoed = true
-	return c.writeEvent(r.chunk(c, r.echo, nil))
+	// The echo's chunk carries the prompt's entries, not the answer's
+	// that may already wait (their text is not in it).
+	ch := completionChunk{ID: "cmpl-" + c.id.String(), Object: "text_completion", Created: c.start.Unix(),
+		Model: c.s.backend.ModelID(), Choices: []completionChoice{{Index: r.index, Text: r.echo, Logprobs: r.echoLP}}}
+	r.echoLP = nil
+	return c.writeEvent(ch)
 }
 
 type completionChunk struct {
@@ -984,13 +1032,15 @@ type completionChoice struct {
 	Text         string              `json:"text"`
 	Logprobs     *completionLogprobs `json:"logprobs"`
 	FinishReason *string             `json:"finish_reason"`
+	// PromptLogprobs is vLLM's prompt_logprobs, when asked.
+	PromptLogprobs []map[string]promptLogprob `json:"prompt_logprobs,omitempty"`
 	// cumLogprob ranks best_of's candidates (never sent).
 	cumLogprob float64
 }
 
 // chunk is a stream chunk of this choice; it carries the logprobs
-// entries not sent yet (not the echoed prompt's chunk: echo and logprobs
-// do not go together).
+// entries not sent yet (the echoed prompt's go in the echo's chunk,
+// sendEcho).
 func (r *completionResponder) chunk(c *call, text string, finish *string) completionChunk {
 	ch := completionChunk{ID: "cmpl-" + c.id.String(), Object: "text_completion", Created: c.start.Unix(),
 		Model: c.s.backend.ModelID(), Choices: []completionChoice{{Index: r.index, Text: text, FinishReason: finish}}}
@@ -1025,11 +1075,19 @@ func (r *completionResponder) finish(c *call, g *genParams, reason string, u usa
 func (r *completionResponder) choice(c *call, g *genParams, reason string) (any, error) {
 	c.outputText = string(r.text)
 	if !g.stream {
-		ch := completionChoice{Index: r.index, Text: r.echo + string(r.text), FinishReason: &reason, cumLogprob: c.cumLogprob}
+		ch := completionChoice{Index: r.index, Text: r.echo + string(r.text), FinishReason: &reason, cumLogprob: c.cumLogprob,
+			PromptLogprobs: r.promptLP}
 		if g.logprobs {
 			ch.Logprobs = r.lp
 			if ch.Logprobs == nil {
-				ch.Logprobs = &completionLogprobs{Tokens: []string{}, TokenLogprobs: []float32{}, TopLogprobs: []map[string]float32{}, TextOffset: []int{}}
+				ch.Logprobs = &completionLogprobs{Tokens: []string{}, TokenLogprobs: []*float32{}, TopLogprobs: []map[string]float32{}, TextOffset: []int{}}
+			}
+			if e := r.echoLP; e != nil {
+				// The echoed prompt's entries first.
+				ch.Logprobs = &completionLogprobs{Tokens: append(e.Tokens, ch.Logprobs.Tokens...),
+					TokenLogprobs: append(e.TokenLogprobs, ch.Logprobs.TokenLogprobs...),
+					TopLogprobs:   append(e.TopLogprobs, ch.Logprobs.TopLogprobs...),
+					TextOffset:    append(e.TextOffset, ch.Logprobs.TextOffset...)}
 			}
 		}
 		return ch, nil

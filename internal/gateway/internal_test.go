@@ -108,7 +108,7 @@ func FuzzChatRequest(f *testing.F) {
 		`{"messages":[{"role":"user","content":"x"}],"logit_bias":{"5":-100,"07":3},"stop_token_ids":[3],"ignore_eos":true,"presence_penalty":-2}`,
 		`{"messages":[{"role":"user","content":"x"}],"tool_choice":"none","response_format":{"type":"text"},"modalities":["text"],"n":1.0}`,
 		`{"messages":[],"n":2}`, `[]`, `{"messages":[{"role":"user","content":"\ud800"}]}`, "{\"messages\":\"\xff\"}",
-		`{"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":20}`, `{"messages":[{"role":"user","content":"x"}],"top_logprobs":1}`,
+		`{"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":20}`, `{"messages":[{"role":"user","content":"x"}],"prompt_logprobs":20}`, `{"messages":[{"role":"user","content":"x"}],"top_logprobs":1}`,
 		`{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"a","strict":true,"schema":{"type":"object","properties":{"a":{"enum":[1,"b"]}},"required":["a"],"additionalProperties":false}}}}`,
 		`{"messages":[{"role":"user","content":"x"}],"guided_json":"{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/x\"},\"$defs\":{\"x\":{\"type\":[\"string\",\"null\"]}}}"}`,
 		`{"messages":[{"role":"user","content":"x"},{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"c","content":"r"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"tool_choice":"required","parallel_tool_calls":false}`,
@@ -158,6 +158,7 @@ func FuzzCompletionRequest(f *testing.F) {
 		`{"prompt":"once","max_tokens":16,"stop":"x"}`, `{"prompt":[1,2,3]}`, `{"prompt":[[1,2]]}`, `{"prompt":["a"]}`,
 		`{"prompt":["a","b"]}`, `{"prompt":[[1],[2,3]],"n":3,"echo":true}`, `{"prompt":[-1]}`, `{"prompt":"x","logprobs":1}`, `{"prompt":null}`, `7`,
 		`{"prompt":"x","logprobs":20,"best_of":3,"n":2}`, `{"prompt":["a","b"],"best_of":64}`, `{"prompt":"x","logprobs":2,"echo":true}`,
+		`{"prompt":"x","prompt_logprobs":3,"logprobs":1,"echo":true,"n":2}`, `{"prompt":"x","prompt_logprobs":0,"stream":true}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -184,8 +185,8 @@ func FuzzCompletionRequest(f *testing.F) {
 		}
 		checkLogprobParams(t, g)
 		// best_of: n = best_of candidates, keep the n asked for, never
-		// streamed, never echo with logprobs.
-		if g.keep < 0 || (g.keep > 0 && (g.keep >= g.n || g.stream || !g.sampling.Logprobs)) || (g.echo && g.logprobs) {
+		// streamed; echo with logprobs shows the prompt's entries.
+		if g.keep < 0 || (g.keep > 0 && (g.keep >= g.n || g.stream || !g.sampling.Logprobs)) || (g.echo && g.logprobs) != g.echoLogprobs {
 			t.Fatalf("accepted best_of/echo %+v", g)
 		}
 	})
@@ -201,6 +202,15 @@ func checkLogprobParams(t *testing.T, g genParams) {
 		s.TopLogprobs < g.topLogprobs || s.TopLogprobs > request.MaxTopLogprobs || (g.logprobs && !s.Logprobs) ||
 		(s.Logprobs && !g.logprobs && g.keep == 0) || s.Forced != nil {
 		t.Fatalf("logprobs: shown %v/%d, asked %v/%d (keep %d, forced %v)", g.logprobs, g.topLogprobs, s.Logprobs, s.TopLogprobs, g.keep, s.Forced)
+	}
+	// The prompt is scored exactly when a response shows it (echo with
+	// logprobs, prompt_logprobs), with at least the alternatives shown,
+	// at most request.MaxTopLogprobs; prompt_logprobs never streamed.
+	if s.PromptLogprobs != (g.echoLogprobs || g.promptLogprobs) || s.PromptTopLogprobs < 0 || s.PromptTopLogprobs > request.MaxTopLogprobs ||
+		(s.PromptTopLogprobs > 0 && !s.PromptLogprobs) || (g.echoLogprobs && s.PromptTopLogprobs < g.topLogprobs) ||
+		(g.promptLogprobs && (g.stream || s.PromptTopLogprobs < g.promptTop)) || g.promptTop < 0 || g.promptTop > request.MaxTopLogprobs {
+		t.Fatalf("prompt logprobs: echo %v, prompt_logprobs %v/%d, asked %v/%d, stream %v", g.echoLogprobs, g.promptLogprobs, g.promptTop,
+			s.PromptLogprobs, s.PromptTopLogprobs, g.stream)
 	}
 }
 

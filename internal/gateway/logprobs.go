@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"strconv"
 	"unicode/utf8"
 
 	"github.com/pagewarden/pagewarden/internal/request"
@@ -30,9 +31,25 @@ import (
 //     top_logprobs entry a {token: logprob} object of the logprobs most
 //     likely tokens and the sampled one (so up to logprobs + 1 keys, as
 //     OpenAI documents; tokens of equal text share a key). text_offset
-//     counts characters of the choice's text. echo with logprobs would
-//     need the prompt's log-probabilities, which this server does not
-//     compute: refused with a 400 naming both.
+//     counts characters of the choice's text. echo with logprobs puts
+//     the prompt tokens' entries first, as OpenAI does: the first
+//     token's logprob and top_logprobs null (nothing precedes it), each
+//     other's from the prefill that computed the prompt
+//     (request.Sampling.PromptLogprobs: one forward pass, no extra one),
+//     the answer's offsets counted after the echoed text.
+//   - vLLM's prompt_logprobs (0 to 20, both endpoints, not streamed, as
+//     vLLM refuses it streamed) gives a list with one entry per prompt
+//     token: null for the first, then {"<token id>": {logprob, rank,
+//     decoded_token}} holding the prompt token and the prompt_logprobs
+//     most likely alternatives (rank: 1 for the most likely; the prompt
+//     token's rank is null when it is not among the alternatives, which
+//     are all the engine ranks). On completions it is each choice's
+//     prompt_logprobs, on chat the response's.
+//
+// A request that asks for either uses no prefix-cache page for its
+// prompt (a cached position's logits are never computed), so it costs a
+// whole prefill, and each of n choices or best_of candidates computes
+// its own.
 //
 // Entries cover the tokens whose text is shown: an end-of-generation
 // token or a stop_token_ids token (whose text is never shown) has none,
@@ -91,12 +108,38 @@ func parseCompletionLogprobs(lp json.RawMessage, g *genParams) *apiError {
 	if e != nil {
 		return e
 	}
-	if g.echo {
-		return badRequest("logprobs", "'logprobs' with 'echo': true needs the prompt's log-probabilities, which this server does not compute. Send one of 'logprobs' and 'echo'.")
-	}
 	g.logprobs, g.topLogprobs = true, k
 	g.askLogprobs()
+	if g.echo {
+		g.echoLogprobs = true
+		g.askPromptLogprobs(k)
+	}
 	return nil
+}
+
+// parsePromptLogprobs reads vLLM's prompt_logprobs into g; stream must
+// have been read.
+func parsePromptLogprobs(raw json.RawMessage, g *genParams) *apiError {
+	if isNull(raw) {
+		return nil
+	}
+	k, e := parseIntField(raw, "prompt_logprobs", 0, request.MaxTopLogprobs)
+	if e != nil {
+		return e
+	}
+	if g.stream {
+		return badRequest("prompt_logprobs", "'prompt_logprobs' cannot be streamed (as vLLM): send it without 'stream', or use 'echo' with 'logprobs' on completions.")
+	}
+	g.promptLogprobs, g.promptTop = true, k
+	g.askPromptLogprobs(k)
+	return nil
+}
+
+// askPromptLogprobs has the engine score the prompt with at least k
+// alternatives per token.
+func (g *genParams) askPromptLogprobs(k int) {
+	g.sampling.PromptLogprobs = true
+	g.sampling.PromptTopLogprobs = max(g.sampling.PromptTopLogprobs, k)
 }
 
 // askLogprobs has the engine compute what g's response shows.
@@ -149,8 +192,10 @@ func (c *call) chatEntry(id int, lp *request.Logprobs, k int) chatLogprob {
 
 // completionLogprobs is choices[].logprobs of a (legacy) completion.
 type completionLogprobs struct {
-	Tokens        []string             `json:"tokens"`
-	TokenLogprobs []float32            `json:"token_logprobs"`
+	Tokens []string `json:"tokens"`
+	// TokenLogprobs and TopLogprobs are null for an echoed prompt's
+	// first token (nothing precedes it), as OpenAI sends them.
+	TokenLogprobs []*float32           `json:"token_logprobs"`
 	TopLogprobs   []map[string]float32 `json:"top_logprobs"`
 	TextOffset    []int                `json:"text_offset"`
 }
@@ -168,11 +213,88 @@ func (l *completionLogprobs) add(c *call, id int, lp *request.Logprobs, k, off i
 			top[p] = t.Logprob
 		}
 	}
+	v := lp.Logprob
 	l.Tokens = append(l.Tokens, tok)
-	l.TokenLogprobs = append(l.TokenLogprobs, lp.Logprob)
+	l.TokenLogprobs = append(l.TokenLogprobs, &v)
 	l.TopLogprobs = append(l.TopLogprobs, top)
 	l.TextOffset = append(l.TextOffset, off)
 	return off + utf8.RuneCount(piece)
+}
+
+// echoed is the entries of an echoed prompt (echo with logprobs): the
+// first token's with null logprob and top_logprobs, the others' from
+// lps (entry q-1 is token q's), k alternatives each. Offsets count the
+// pieces' characters from 0, except a BOS the tokenizer added (its
+// piece is not in the echoed text). It returns the entries and the
+// offset after them.
+func (c *call) echoed(prompt []int, lps []request.Logprobs, k int) (*completionLogprobs, int) {
+	l := &completionLogprobs{}
+	off := 0
+	for q, id := range prompt {
+		piece := c.s.backend.TokenPiece(id)
+		if q == 0 {
+			l.Tokens = append(l.Tokens, string(piece))
+			l.TokenLogprobs = append(l.TokenLogprobs, nil)
+			l.TopLogprobs = append(l.TopLogprobs, nil)
+			l.TextOffset = append(l.TextOffset, 0)
+			if id != c.s.backend.BOS() {
+				off += utf8.RuneCount(piece)
+			}
+			continue
+		}
+		off = l.add(c, id, &lps[q-1], k, off)
+	}
+	return l, off
+}
+
+// checkPromptLogprobs is the relay's check of a token's prompt logprobs
+// against what the request asked for: with the first token only, one per
+// prompt token after the first, each with the alternatives asked.
+func checkPromptLogprobs(tok request.Token, s request.Sampling, promptTokens int) error {
+	if !s.PromptLogprobs || tok.Index != 0 {
+		if tok.Prompt != nil {
+			return fmt.Errorf("%w: prompt logprobs with token %d (asked: %v)", ErrBadStream, tok.Index, s.PromptLogprobs)
+		}
+		return nil
+	}
+	if want := max(promptTokens-1, 0); len(tok.Prompt) != want {
+		return fmt.Errorf("%w: %d prompt logprobs for %d prompt tokens", ErrBadStream, len(tok.Prompt), promptTokens)
+	}
+	for i := range tok.Prompt {
+		if err := tok.Prompt[i].Check(s.PromptTopLogprobs, 0); err != nil {
+			return fmt.Errorf("%w: prompt token %d: %w", ErrBadStream, i+1, err)
+		}
+	}
+	return nil
+}
+
+// promptLogprob is one token's entry in vLLM's prompt_logprobs.
+type promptLogprob struct {
+	Logprob      float32 `json:"logprob"`
+	Rank         *int    `json:"rank"`
+	DecodedToken string  `json:"decoded_token"`
+}
+
+// promptLogprobsJSON is vLLM's prompt_logprobs of prompt: null for the
+// first token, then each token's entry and its k most likely
+// alternatives', keyed by token id.
+func (c *call) promptLogprobsJSON(prompt []int, lps []request.Logprobs, k int) []map[string]promptLogprob {
+	out := make([]map[string]promptLogprob, len(prompt))
+	for q := 1; q < len(prompt) && q-1 < len(lps); q++ {
+		lp, id := &lps[q-1], prompt[q]
+		m := make(map[string]promptLogprob, k+1)
+		var rank *int
+		for i, t := range lp.Top[:min(k, len(lp.Top))] {
+			r := i + 1
+			m[strconv.Itoa(t.ID)] = promptLogprob{Logprob: t.Logprob, Rank: &r, DecodedToken: string(c.s.backend.TokenPiece(t.ID))}
+			if t.ID == id {
+				rank = &r
+			}
+		}
+		m[strconv.Itoa(id)] = promptLogprob{Logprob: lp.Logprob, Rank: rank, DecodedToken: string(c.s.backend.TokenPiece(id))}
+		out[q] = m
+	}
+	return out
 }
 
 // checkTokenLogprobs is the relay's check of a token's logprobs against

@@ -215,6 +215,9 @@ func TestLogprobsBadStream(t *testing.T) {
 		{gatewaytest.FaultLogprobNaN, chatBody(map[string]any{"logprobs": true})},
 		{gatewaytest.FaultExtraLogprobs, chatBody(map[string]any{"logprobs": true, "top_logprobs": 2})},
 		{gatewaytest.FaultExtraLogprobs, map[string]any{"prompt": "Hi", "logprobs": 20}},
+		// A prompt logprob short, echoed or vLLM's: never shown.
+		{gatewaytest.FaultShortPromptLogprobs, map[string]any{"prompt": "Hi", "logprobs": 1, "echo": true}},
+		{gatewaytest.FaultShortPromptLogprobs, chatBody(map[string]any{"prompt_logprobs": 1})},
 	} {
 		h := newHarness(t, &gatewaytest.Fake{Model: "fake-model", Window: 4096, PageSize: 16, Pages: 1 << 16,
 			Behave: func(request.Params) gatewaytest.Behavior { return gatewaytest.Behavior{Fault: tc.fault, At: 3} }})
@@ -440,4 +443,99 @@ func TestAuditTolerance(t *testing.T) {
 	if _, err := gateway.New(gateway.Config{Backend: gatewaytest.NewFake(), Tenants: testTenants(tenants.Limits{}, tenants.Limits{}), AuditTolerance: -1}); err == nil || !strings.Contains(err.Error(), "audit tolerance") {
 		t.Errorf("AuditTolerance -1: %v", err)
 	}
+}
+
+// TestEchoLogprobs: completions' echo with logprobs, in OpenAI's shape —
+// the prompt tokens' entries first (BOS, H, i: the first with null
+// logprob and top_logprobs, the others the engine's prompt logprobs),
+// then the answer's, offsets counting the echoed text before the
+// answer's (a BOS the tokenizer added is not in it); streamed, the echo's
+// chunk carries the prompt's entries and the later chunks the answer's,
+// concatenating to the same lists; with n = 2, each choice has them.
+func TestEchoLogprobs(t *testing.T) {
+	h := newHarness(t, nil)
+	reply := gatewaytest.DefaultReply
+	wantTokens := append([]string{string(h.fake.TokenPiece(gatewaytest.BOS)), "H", "i"}, strings.Split(reply, "")...)
+	wantOffsets := []int{0, 0, 1}
+	for i := range reply {
+		wantOffsets = append(wantOffsets, 2+i)
+	}
+	type legacy struct {
+		Tokens        []string             `json:"tokens"`
+		TokenLogprobs []*float32           `json:"token_logprobs"`
+		TopLogprobs   []map[string]float32 `json:"top_logprobs"`
+		TextOffset    []int                `json:"text_offset"`
+	}
+	check := func(what string, text string, l legacy) {
+		t.Helper()
+		if text != "Hi"+reply {
+			t.Errorf("%s: text %q", what, text)
+		}
+		if !slices.Equal(l.Tokens, wantTokens) || !slices.Equal(l.TextOffset, wantOffsets) || len(l.TokenLogprobs) != len(wantTokens) || len(l.TopLogprobs) != len(wantTokens) {
+			t.Fatalf("%s: %+v", what, l)
+		}
+		if l.TokenLogprobs[0] != nil || l.TopLogprobs[0] != nil {
+			t.Errorf("%s: the first prompt token has logprob %v, top %v; want null", what, l.TokenLogprobs[0], l.TopLogprobs[0])
+		}
+		for i := 1; i < len(wantTokens); i++ {
+			id := 3 + int(wantTokens[i][0])
+			if want := gatewaytest.Logprob(id).Logprob; l.TokenLogprobs[i] == nil || *l.TokenLogprobs[i] != want || len(l.TopLogprobs[i]) != 2 || l.TopLogprobs[i][wantTokens[i]] != want {
+				t.Errorf("%s: entry %d (%q): %v %v, want %v and 2 alternatives", what, i, wantTokens[i], l.TokenLogprobs[i], l.TopLogprobs[i], want)
+			}
+		}
+	}
+	r := h.post("/v1/completions", keyAlpha, map[string]any{"prompt": "Hi", "echo": true, "logprobs": 2, "n": 2})
+	if r.status != http.StatusOK {
+		t.Fatalf("status %d: %s", r.status, r.body)
+	}
+	var out struct {
+		Choices []struct {
+			Text     string `json:"text"`
+			Logprobs legacy `json:"logprobs"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal(r.body, &out); err != nil || len(out.Choices) != 2 {
+		t.Fatalf("%s: %v", r.body, err)
+	}
+	for i, c := range out.Choices {
+		check(fmt.Sprintf("choice %d", i), c.Text, c.Logprobs)
+	}
+	if p := h.fake.LastParams(); !p.Sampling.PromptLogprobs || p.Sampling.PromptTopLogprobs != 2 {
+		t.Errorf("submitted %+v: the prompt not scored", p.Sampling)
+	}
+
+	r = h.post("/v1/completions", keyAlpha, map[string]any{"prompt": "Hi", "echo": true, "logprobs": 2, "stream": true})
+	if r.status != http.StatusOK {
+		t.Fatalf("status %d: %s", r.status, r.body)
+	}
+	var text string
+	var all legacy
+	first := true
+	for _, e := range sseEvents(t, r.body) {
+		if e == "[DONE]" {
+			continue
+		}
+		var ch struct {
+			Choices []struct {
+				Text     string  `json:"text"`
+				Logprobs *legacy `json:"logprobs"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal([]byte(e), &ch); err != nil || len(ch.Choices) != 1 {
+			t.Fatalf("%s: %v", e, err)
+		}
+		c := ch.Choices[0]
+		if first && (c.Text != "Hi" || c.Logprobs == nil || len(c.Logprobs.Tokens) != 3) {
+			t.Fatalf("the echo's chunk %s: want the prompt and its 3 entries", e)
+		}
+		first = false
+		text += c.Text
+		if l := c.Logprobs; l != nil {
+			all.Tokens = append(all.Tokens, l.Tokens...)
+			all.TokenLogprobs = append(all.TokenLogprobs, l.TokenLogprobs...)
+			all.TopLogprobs = append(all.TopLogprobs, l.TopLogprobs...)
+			all.TextOffset = append(all.TextOffset, l.TextOffset...)
+		}
+	}
+	check("streamed", text, all)
 }

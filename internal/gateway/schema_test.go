@@ -91,6 +91,13 @@ func constrains(kind grammar.Kind, schema string) func(*testing.T, request.Param
 	}
 }
 
+// promptLPEntry is an entry of vLLM's prompt_logprobs.
+type promptLPEntry struct {
+	Logprob      float32 `json:"logprob"`
+	Rank         *int    `json:"rank"`
+	DecodedToken string  `json:"decoded_token"`
+}
+
 func movesSampling(edit func(*request.Sampling)) func(*testing.T, request.Params, request.Params, response) {
 	return moves(func(p *request.Params) { edit(&p.Sampling) })
 }
@@ -274,7 +281,36 @@ var sharedCases = []fieldCase{
 	refusedField("allowed_token_ids", []int{5}),
 	refusedField("bad_words", []string{"x"}, []string{}),
 	refusedField("include_stop_str_in_output", true, false),
-	refusedField("prompt_logprobs", 1),
+	// vLLM's shape: null, then per prompt token its entry and the
+	// alternatives, keyed by id (the fake's prompt logprob is its
+	// Logprob of the token).
+	{field: "prompt_logprobs", use: "honoured", value: 1,
+		check: both(movesSampling(func(s *request.Sampling) { s.PromptLogprobs, s.PromptTopLogprobs = true, 1 }),
+			func(t *testing.T, _, p request.Params, r response) {
+				var body struct {
+					PromptLogprobs []map[string]promptLPEntry `json:"prompt_logprobs"`
+					Choices        []struct {
+						PromptLogprobs []map[string]promptLPEntry `json:"prompt_logprobs"`
+					} `json:"choices"`
+				}
+				if err := json.Unmarshal(r.body, &body); err != nil || len(body.Choices) != 1 {
+					t.Fatalf("%s: %v", r.body, err)
+				}
+				got := body.PromptLogprobs // chat: the response's
+				if got == nil {
+					got = body.Choices[0].PromptLogprobs // completions: the choice's
+				}
+				if len(got) != len(p.Prompt) || got[0] != nil {
+					t.Fatalf("prompt_logprobs %v for %d prompt tokens", got, len(p.Prompt))
+				}
+				for q := 1; q < len(p.Prompt); q++ {
+					e, ok := got[q][strconv.Itoa(p.Prompt[q])]
+					// The fake's first alternative is the token itself.
+					if !ok || len(got[q]) != 1 || e.Logprob != gatewaytest.Logprob(p.Prompt[q]).Logprob || e.Rank == nil || *e.Rank != 1 {
+						t.Errorf("prompt token %d (%d): %+v", q, p.Prompt[q], got[q])
+					}
+				}
+			})},
 	refusedField("truncate_prompt_tokens", 4),
 }
 

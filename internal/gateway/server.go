@@ -394,7 +394,10 @@ type call struct {
 	// sampling is what was submitted (the audit may have asked for
 	// logprobs the client did not); cumLogprob sums the logprobs of the
 	// tokens received (best_of ranks by it).
-	sampling   request.Sampling
+	sampling request.Sampling
+	// prompt is the submitted prompt's tokens (the entries of prompt
+	// logprobs name them).
+	prompt     []int
 	cumLogprob float64
 
 	// One choice of an n > 1 answer (generateN): the shared writer
