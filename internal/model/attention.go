@@ -55,6 +55,18 @@ const tileMinTokens = 4
 // each), few enough that a block's scores (rows x positions) stay in L2.
 const tileRows = 32
 
+// tilePackFloats bounds a prefill input's packed keys and values (floats,
+// all KV heads: positions x KVDim x 2) and tileScoreFloats a block's scores
+// (rows x positions). A longer sequence takes smaller blocks, and one whose
+// pack would pass 64 MiB (some 32k positions of a 7B-class model's 1024 KV
+// columns) takes the decode path token by token instead: the same bits
+// (the two paths' arithmetic is the same), at a slower rate, rather than
+// scratch memory that grows with the context without bound.
+const (
+	tilePackFloats  = 16 << 20
+	tileScoreFloats = 1 << 20
+)
+
 // attnJob is the attention of one step's new tokens: one task per (token,
 // KV head) of a decode input, one per (KV head, block of tokens) of a
 // prefill input, split into chunks of about equal work. It lives in
@@ -108,7 +120,6 @@ func (j *attnJob) prepare(m *Model, in []Input, s *Scratch, total int) {
 	j.tiles = j.tiles[:0]
 	j.work = 0
 	group := c.Heads / c.KVHeads
-	block := max(1, tileRows/group)
 	row := 0
 	for i := range in {
 		v := in[i].View
@@ -116,7 +127,9 @@ func (j *attnJob) prepare(m *Model, in []Input, s *Scratch, total int) {
 		for k := range t {
 			j.work += 2 * (v.Start() + k + 1) * c.HeadDim * c.Heads
 		}
-		if t >= tileMinTokens {
+		end := v.Start() + t
+		if t >= tileMinTokens && end*c.KVDim()*2 <= tilePackFloats {
+			block := max(1, min(tileRows, tileScoreFloats/end)/group)
 			j.tiles = append(j.tiles, attnTile{view: v, row0: row, start: v.Start(), t: t,
 				block: block, blocks: (t + block - 1) / block,
 				kt: tileBuf(j.tiles, len(j.tiles), 0), vp: tileBuf(j.tiles, len(j.tiles), 1)})
