@@ -66,6 +66,13 @@
 //     250% (the price of exact products without new assembly).
 //     F32, F16 and BF16 alias the caller's memory. Row still returns each
 //     row exactly as GGML would dequantise it.
+//   - AttnGemm (attention's queries x keys and weights x values) sums each
+//     output as one FMA chain in k order on every tier, so A x B and
+//     (Bᵀ x Aᵀ)ᵀ have the same bits when their columns are whole vectors
+//     (multiples of 16), and AttnGemmAcc continues a chain across calls:
+//     what lets prefill (packed keys) and decode (keys in place, page by
+//     page) attention agree bit for bit. AttnSoftmax is Softmax plus the
+//     F16 rounding of the weights ggml applies for an F16 cache.
 //   - Kernels never write outside the destination range they are given.
 //     Length mismatches are programming errors and panic with a message
 //     naming the kernel; they cannot come from outside input, which is

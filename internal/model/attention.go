@@ -348,8 +348,8 @@ func (j *attnJob) tile(tl *attnTile, kvh, blk int, b *attnBuf) {
 	rows, gw := (tok1-tok0)*group, group*hd
 
 	// The block's query rows: token-major, the group's heads side by
-	// side as they sit in s.qkv (rounded to F16 for an F16 cache, as in
-	// head).
+	// side as they sit in s.qkv (rounded to F16 for an F16 cache, as
+	// decode rounds them).
 	b.q = grow(b.q, rows*hd)
 	for tk := tok0; tk < tok1; tk++ {
 		src := s.qkv[(tl.row0+tk)*stride+kvh*gw : (tl.row0+tk)*stride+(kvh+1)*gw]
