@@ -20,8 +20,9 @@ import (
 // paths must honour alike. Page sizes 16 and 5 (not a multiple of a
 // vector) are both exercised.
 func TestAttentionSameBitsAnyChunking(t *testing.T) {
+	prev := kernels.Implementation() // PAGEWARDEN_KERNELS may have forced one
 	defer func() {
-		if err := kernels.SetTier(""); err != nil {
+		if err := kernels.SetTier(prev); err != nil {
 			t.Fatal(err)
 		}
 	}()
