@@ -242,7 +242,7 @@ that long.`,
 			if !colocated {
 				// A prefill and a decode node in this process, linked by
 				// the same framing, handshake and checks as across hosts.
-				l, err := disagg.StartLocal(m, disagg.LocalConfig{Node: o, Logger: o.Logger, ShareKV: true})
+				l, err := disagg.StartLocal(m, disagg.LocalConfig{Node: o, Logger: o.Logger, ShareKV: true, Wrap: serveWrap})
 				if err != nil {
 					return err
 				}
