@@ -198,6 +198,12 @@ func (s *sim) submit() error {
 	if s.rng.IntN(4) == 0 {
 		p.CacheSalt = "salt"
 	}
+	if s.ids%5 == 0 {
+		// Every fifth request scores its prompt (from its id, not the
+		// generator, so that recorded seeds replay as before): chunks,
+		// preemptions and aborts while its prompt logprobs accumulate.
+		p.Sampling.PromptLogprobs, p.Sampling.PromptTopLogprobs = true, int(s.ids%3)
+	}
 	before := s.pool.Stats()
 	a, err := s.lim.Admit(p)
 	fits := len(p.Prompt) >= 1 && p.MaxTokens >= 1 && len(p.Prompt)+p.MaxTokens <= s.lim.MaxContext
@@ -281,6 +287,9 @@ func (s *sim) deliver(rd Ready) error {
 		}
 		if want := len(r.history) - len(r.params.Prompt); t.Index != want {
 			return fmt.Errorf("token for %v has index %d, want %d", t.Owner, t.Index, want)
+		}
+		if err := checkEchoPrompt(r.params, t); err != nil {
+			return err
 		}
 		if want := echoNext(t.Owner, r.params.CacheSalt, r.history, s.vocab); t.ID != want {
 			return fmt.Errorf("token %d for %v is %d, the owner-echo model over its own history gives %d: it read KV that is not its own",
