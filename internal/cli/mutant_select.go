@@ -84,14 +84,17 @@ func switchOnMutant(name string) (mutantSwitch, error) {
 //	          its first page, and a manifest that announces one page
 //	          and that page's positions (the incident's 1-page manifest
 //	          for a longer reservation: mutant b's trigger)
+//	short=N   every Nth handoff arrives short: its last page holds one
+//	          position fewer, consistently in the page, the manifest's
+//	          filled count, digest and total (mutant g's trigger)
 const mutantFaultEnv = "PAGEWARDEN_MUTANT_FAULT"
 
 // parseHandoffFault reads mutantFaultEnv's value.
 func parseHandoffFault(s string) (kind string, every int, err error) {
 	kind, n, ok := strings.Cut(strings.TrimSpace(s), "=")
 	every, perr := strconv.Atoi(n)
-	if !ok || (kind != "giveup" && kind != "torn") || perr != nil || every < 1 {
-		return "", 0, fmt.Errorf("%q: want giveup=N or torn=N with N >= 1", s)
+	if !ok || (kind != "giveup" && kind != "torn" && kind != "short") || perr != nil || every < 1 {
+		return "", 0, fmt.Errorf("%q: want giveup=N, torn=N or short=N with N >= 1", s)
 	}
 	return kind, every, nil
 }
@@ -108,6 +111,7 @@ type handoffFault struct {
 	mu      sync.Mutex
 	n       int
 	damaged map[transfer.Ref]bool // decided once per handoff
+	held    map[transfer.Ref][]*transfer.Page
 }
 
 // damage reports whether ref's handoff is one the fault hits.
@@ -129,9 +133,22 @@ func (f *handoffFault) Send(ctx context.Context, to transfer.Peer, m transfer.Me
 		if f.kind == "torn" && m.Index > 0 && f.damage(m.Ref) {
 			return nil // the rest of a torn handoff never arrives
 		}
+		if f.kind == "short" && f.damage(m.Ref) {
+			// Held until the manifest says which page is the last; a
+			// copy, since Send must not retain m.
+			cp := *m
+			cp.Data = append([]byte(nil), m.Data...)
+			f.mu.Lock()
+			f.held[m.Ref] = append(f.held[m.Ref], &cp)
+			f.mu.Unlock()
+			return nil
+		}
 	case *transfer.Manifest:
 		if !f.damage(m.Ref) {
 			break
+		}
+		if f.kind == "short" {
+			return f.sendShort(ctx, to, m)
 		}
 		if f.kind == "giveup" {
 			return f.Transport.Send(ctx, to, &transfer.Abort{Ref: m.Ref, Reason: transfer.ReasonAborted})
@@ -148,6 +165,37 @@ func (f *handoffFault) Send(ctx context.Context, to transfer.Peer, m transfer.Me
 		}
 	}
 	return f.Transport.Send(ctx, to, m)
+}
+
+// sendShort sends a short handoff's held pages and its manifest, the last
+// page one position shorter in both, its digest recomputed: a handoff
+// that is consistent in itself, so that only the receiver's comparison
+// with what the reservation implies can refuse it.
+func (f *handoffFault) sendShort(ctx context.Context, to transfer.Peer, m *transfer.Manifest) error {
+	f.mu.Lock()
+	pages := f.held[m.Ref]
+	delete(f.held, m.Ref)
+	f.mu.Unlock()
+	short := *m
+	last := m.PageCount - 1
+	short.Filled = append([]int(nil), m.Filled...)
+	short.PageDigests = append([][32]byte(nil), m.PageDigests...)
+	if last >= 0 && m.Filled[last] > 1 {
+		short.Filled[last]--
+		short.TotalTokens--
+	}
+	for _, pg := range pages {
+		if pg.Index == last && short.Filled[last] != m.Filled[last] {
+			// A page carries exactly its filled positions' bytes.
+			pg.Data = pg.Data[:len(pg.Data)/pg.Filled*short.Filled[last]]
+			pg.Filled = short.Filled[last]
+			short.PageDigests[last] = transfer.PageDigest(last, pg.Filled, pg.Data)
+		}
+		if err := f.Transport.Send(ctx, to, pg); err != nil {
+			return err
+		}
+	}
+	return f.Transport.Send(ctx, to, &short)
 }
 
 // init runs before Main parses anything, so the mutant is on before serve
@@ -184,7 +232,7 @@ func init() {
 		if !strings.HasPrefix(string(name), "prefill-") {
 			return t // pages and manifests go one way: from prefill to decode
 		}
-		return &handoffFault{Transport: t, kind: kind, every: every, damaged: map[transfer.Ref]bool{}}
+		return &handoffFault{Transport: t, kind: kind, every: every, damaged: map[transfer.Ref]bool{}, held: map[transfer.Ref][]*transfer.Page{}}
 	}
 	fmt.Fprintf(os.Stderr, "pagewarden: handoff FAULT %s on every %d handoffs of serve's prefill node (positive controls only)\n", kind, every)
 }
