@@ -82,7 +82,11 @@ func TestMutantsCaughtBySimulation(t *testing.T) {
 					continue
 				}
 				caught++
-				if !strings.Contains(err.Error(), tc.want) && !strings.Contains(err.Error(), "reports success") {
+				// A request scoring its prompt (every fifth) shrunk to a
+				// placeholder is caught first by its prompt logprobs'
+				// count: the placeholder scored one prompt position.
+				if !strings.Contains(err.Error(), tc.want) && !strings.Contains(err.Error(), "reports success") &&
+					!strings.Contains(err.Error(), "prompt logprobs for") {
 					t.Errorf("seed %d caught by an unexpected oracle: %v", seed, err)
 				}
 			}
