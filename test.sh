@@ -77,6 +77,10 @@ go test -count=1 -tags pw_mutants -run 'TestMutantsCaught' ./internal/sim/
 go test -count=1 -tags pw_mutants -run 'TestAuditCatchesSwappedPage' ./internal/engine/
 # ... and through the gateway's audit (mismatch logged with pages, ~1 s).
 go test -count=1 -tags pw_mutants -run 'TestReplayAuditCatchesSwappedPage' ./internal/node/
+# The probe against serve started as each mutant (with the handoff fault
+# that triggers it, and the fault alone as control), a typo'd mutant
+# refused, and no mutant code in the release binary (~30 s).
+go test -count=1 -tags pw_mutants -run 'TestProbeCatchesMutants|TestMutantEnvRefusesUnknown|TestReleaseBinaryHasNoMutants' ./internal/cli/
 echo "== go test -race -short (concurrent packages)"
 go test -count=1 -race -short -timeout 20m $(go list ./internal/... | grep -E '/(kvcache|sched|gateway|kernels|engine|node|loadgen|probe|cli|transfer|link|disagg|cluster)($|/)')
 echo "== go test -tags purego -short (the whole suite on the reference kernels)"

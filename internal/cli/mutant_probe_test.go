@@ -45,8 +45,8 @@ var probeMutantCases = []probeMutantCase{
 		"second layer: the must-be-zero counters (internal/disagg TestMutantIncidentCaughtByCounters)"},
 	{name: "a2", mutant: "a2", why: "not visible: the aborted request runs on for a client that has gone; " +
 		"second layer: pagewarden_aborted_but_completed_total (internal/disagg TestMutantIncidentCaughtByCounters)"},
-	{name: "b control: torn handoffs, no mutant", fault: "torn=3", control: "determinism"},
-	{name: "b with torn handoffs", mutant: "b", fault: "torn=3", catch: "determinism", evidence: "differs"},
+	{name: "b control: torn handoffs, no mutant", fault: "torn=2", control: "determinism"},
+	{name: "b with torn handoffs", mutant: "b", fault: "torn=2", catch: "determinism", evidence: "differs"},
 	{name: "b without a fault", mutant: "b", why: "not visible: serve's handoffs are never torn on their own"},
 	{name: "c", mutant: "c", why: "not visible: serve's in-process link writes pages synchronously, so no writer is ever in flight at a free; " +
 		"second layer: SPIN (verify/spin, \"pages freed with a writer in flight\")"},
@@ -57,8 +57,8 @@ var probeMutantCases = []probeMutantCase{
 	{name: "f control: handoffs given up, no mutant", fault: "giveup=4", control: "abort-storm"},
 	{name: "f with handoffs given up", mutant: "f", fault: "giveup=4", catch: "abort-storm", evidence: `finish_reason "length"`},
 	{name: "f without a fault", mutant: "f", why: "not visible: no request is aborted by serve itself without a fault"},
-	{name: "g control: short handoffs, no mutant", fault: "short=3", control: "determinism"},
-	{name: "g with short handoffs", mutant: "g", fault: "short=3", catch: "determinism", evidence: "differs"},
+	{name: "g control: short handoffs, no mutant", fault: "short=2", control: "determinism"},
+	{name: "g with short handoffs", mutant: "g", fault: "short=2", catch: "determinism", evidence: "differs"},
 }
 
 // startMutantServe runs this test binary as `pagewarden serve` (split: a
@@ -148,7 +148,12 @@ func TestProbeCatchesMutants(t *testing.T) {
 						}
 					}
 				}
-				t.Logf("fault %s alone: %s %s (%d pieces of evidence, none a 200)", tc.fault, c.Name, c.Verdict, len(c.Evidence))
+				// A control whose fault never fired would prove nothing.
+				if n := strings.Count(srv.out.String(), `"msg":"handoff failed"`); n == 0 {
+					t.Errorf("fault %s: no handoff failed, so the fault never fired:\n%s", tc.fault, srv.out.String())
+				} else {
+					t.Logf("fault %s alone: %d handoffs failed; %s %s (%d pieces of evidence, none a 200)", tc.fault, n, c.Name, c.Verdict, len(c.Evidence))
+				}
 			default:
 				if r.Failed() {
 					t.Fatalf("%s: the probe failed, but the table says %q; if the probe now sees this mutant, make it a catch here and in docs/assurance.md:\n%s",
