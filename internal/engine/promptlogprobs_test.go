@@ -137,7 +137,14 @@ func TestPromptLogprobs(t *testing.T) {
 			return m
 		}
 	}
-	for _, name := range []string{"tiny", "tiny-q8_0", "tiny-llama-f32.gguf", "tiny-llama-f16.gguf", "tiny-llama-q8_0.gguf", "tiny-llama-d256-q4_k_m.gguf"} {
+	names := []string{"tiny", "tiny-q8_0", "tiny-llama-f32.gguf", "tiny-llama-f16.gguf", "tiny-llama-q8_0.gguf", "tiny-llama-d256-q4_k_m.gguf"}
+	if testing.Short() {
+		// The race and purego runs (-short) repeat the builtin models
+		// only: the GGUF ones take over a minute on the reference kernels.
+		t.Log("-short: the builtin models only; the full run checks F32, F16, Q8_0 and Q4_K_M GGUF weights too")
+		names = names[:2]
+	}
+	for _, name := range names {
 		t.Run(name, func(t *testing.T) {
 			m := models[name](t)
 			one, c16, c48 := chunkNode(t, m, 512), chunkNode(t, m, 16), chunkNode(t, m, 48)
