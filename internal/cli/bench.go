@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,7 +20,7 @@ import (
 
 func benchCmd() *cobra.Command {
 	var mf modelFlags
-	var threads, prompts, tiers, llamaPath, batches string
+	var threads, prompts, tiers, llamaPath, batches, cpuProfile string
 	var gen, reps, batchPrompt, bwMiB int
 	c := &cobra.Command{
 		Use:   "bench",
@@ -42,6 +43,8 @@ every round of a decode test, so a loaded machine's slow spells do not
 inflate the shares), and every decode row gives
 the bytes it read per second (weights as the kernels store them, plus the
 keys and values each token attends to) and their share of that bound.
+--cpuprofile FILE writes a CPU profile of the measurements (not of the
+model's loading) for go tool pprof, to see where a step's time goes.
 --batch measures batched decode instead of pp/tg, the workload of
 llama-batched-bench -npp 128 -ntg 64 -npl 1,4,8,16: for each count B, B
 sequences with prompts of --batch-prompt tokens, then -n steps that each
@@ -134,6 +137,17 @@ tokens/s (B*n / decode time, llama-batched-bench's S_TG):
 				return usagef("-p %d plus -n %d exceed the model's context of %d", maxP, gen, m.Config.ContextLength)
 			}
 			fmt.Fprintf(cmd.ErrOrStderr(), "kernels: %s\n", strings.Join(tierList, ", "))
+			if cpuProfile != "" {
+				// Started after the model loads, so the profile is the
+				// measurements (and the bandwidth passes, which are easy
+				// to tell apart), not file reading or weight repacking; a
+				// llama-bench child runs in its own process and is not in it.
+				stop, err := startCPUProfile(cpuProfile)
+				if err != nil {
+					return err
+				}
+				defer stop()
+			}
 			// The bandwidth buffer is written, not just allocated: untouched
 			// pages could all map to one zero page and be read from cache.
 			var bwBuf []float32
@@ -320,8 +334,28 @@ tokens/s (B*n / decode time, llama-batched-bench's S_TG):
 	c.Flags().StringVar(&batches, "batch", "", "comma-separated sequence counts: measure batched decode (aggregate tokens/s, like llama-batched-bench -npl) instead of pp/tg")
 	c.Flags().IntVar(&batchPrompt, "batch-prompt", 128, "prompt tokens per sequence before the batched decode (llama-batched-bench -npp)")
 	c.Flags().IntVar(&bwMiB, "bw-mib", 256, "MiB of memory the bandwidth measurement streams (0: skip it); keep it far above the last-level cache")
+	c.Flags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile (go tool pprof) of the measurements to this file")
 	c.Flags().StringVar(&tiers, "kernels-list", "", "comma-separated kernel tiers to compare side by side (ref, avx2, avx512, avx512vnni; default: the one in use)")
 	return c
+}
+
+// startCPUProfile starts the process's CPU profile into path; stop ends it
+// and closes the file. Go profiles one process at a time, so a second
+// profile (a test binary's -cpuprofile) is refused with an error.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, usagef("--cpuprofile: %v", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		os.Remove(path)
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }
 
 func intList(s, flag string) ([]int, error) {

@@ -1,6 +1,10 @@
 package cli
 
 import (
+	"compress/gzip"
+	"io"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -39,6 +43,50 @@ func TestBenchBatch(t *testing.T) {
 			r := pw(t, append([]string{"bench", "-m", "builtin:tiny", "-n", "2", "-r", "1", "--threads-list", "1", "--bw-mib", "0"}, tc.args...)...)
 			if r.code != 2 || !strings.Contains(r.stderr, tc.want) {
 				t.Fatalf("exit %d, stderr %q; want 2 and %q", r.code, r.stderr, tc.want)
+			}
+		})
+	}
+}
+
+// TestBenchCPUProfile: --cpuprofile writes a gzip-compressed pprof profile
+// of the run (the format go tool pprof reads), and a path that cannot be
+// created is a usage error naming the flag, before anything is measured.
+func TestBenchCPUProfile(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name string
+		path string
+		code int
+		want string
+	}{
+		{"written", filepath.Join(dir, "cpu.prof"), 0, ""},
+		{"no such directory", filepath.Join(dir, "missing", "cpu.prof"), 2, "--cpuprofile"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := pw(t, "bench", "-m", "builtin:tiny", "-p", "4", "-n", "2", "-r", "1", "--threads-list", "1", "--bw-mib", "0", "--cpuprofile", tc.path)
+			if r.code != tc.code || !strings.Contains(r.stderr, tc.want) {
+				t.Fatalf("exit %d, stderr %q; want %d and %q", r.code, r.stderr, tc.code, tc.want)
+			}
+			if tc.code != 0 {
+				if _, err := os.Stat(tc.path); err == nil {
+					t.Errorf("a failed run left %s", tc.path)
+				}
+				return
+			}
+			f, err := os.Open(tc.path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			// A stopped profile is a complete gzip stream holding a
+			// protobuf; a profile never stopped would end early.
+			z, err := gzip.NewReader(f)
+			if err != nil {
+				t.Fatalf("profile is not gzip: %v", err)
+			}
+			b, err := io.ReadAll(z)
+			if err != nil || len(b) == 0 {
+				t.Fatalf("profile: %d bytes, %v", len(b), err)
 			}
 		})
 	}
