@@ -71,10 +71,13 @@ func StartLocal(m *model.Model, cfg LocalConfig) (l *Local, err error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	l = &Local{model: m, cancel: cancel, errs: make(chan error, cfg.Prefill+cfg.Decode+1)}
+	built := &Local{model: m, cancel: cancel, errs: make(chan error, cfg.Prefill+cfg.Decode+1)}
+	l = built
 	defer func() {
+		// built, not l: a failed start returns a nil l, but what was
+		// built (the model included, which StartLocal owns) must close.
 		if err != nil {
-			l.Close()
+			built.Close()
 		}
 	}()
 	o := cfg.Node
