@@ -63,8 +63,10 @@ import (
 // AuditTenant is the tenant replays run as.
 const AuditTenant request.Tenant = "_audit"
 
-// auditPriority is below any tenant's (tenants.Limits.Priority is small).
-const auditPriority = math.MinInt32
+// auditPriority is below any tenant's (tenants.Limits.Priority is small):
+// background work, which the scheduler runs only in steps with nothing
+// else in them.
+const auditPriority = request.BackgroundPriority
 
 // defaultAuditQueue bounds the replays waiting to run (Config.AuditQueue).
 const defaultAuditQueue = 64

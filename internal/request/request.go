@@ -199,8 +199,16 @@ type Params struct {
 	// CacheSalt is mixed into prefix-cache keys under the tenant, never
 	// instead of it.
 	CacheSalt string
-	Priority  int // higher runs first when pages are short
+	Priority  int // higher runs first when pages are short; see BackgroundPriority
 }
+
+// BackgroundPriority is Params.Priority of background work (the replay
+// audit's re-scores): the scheduler runs such a request only in steps
+// that carry no other request's work and while no other request waits
+// for pages, never preempts anyone for it, and preempts it first, so
+// that it never lengthens or delays a customer's step. No tenant's
+// configured priority is this low.
+const BackgroundPriority = math.MinInt32
 
 // MaxKVPages is the most KV pages a request of promptTokens and maxTokens
 // holds: the last sampled token is never fed back, so it writes at most

@@ -576,67 +576,109 @@ func (c *Core) schedule() *Batch {
 		}
 		return prioLess(a, b)
 	})
-	for _, r := range c.order {
-		if budget == 0 {
-			break
-		}
-		if r.seq == nil || r.life.State().Terminal() || r.awaitingImport {
-			continue // preempted (or ended) earlier in this pass, or its KV is on its way
+	run := func(r *req) {
+		if budget == 0 || r.seq == nil || r.life.State().Terminal() || r.awaitingImport {
+			return // preempted (or ended) earlier in this pass, or its KV is on its way
 		}
 		n := min(len(r.tokens)-r.computed, budget, c.chunkCap(r))
 		if !c.grow(r, r.computed+n) {
-			continue
+			return
 		}
 		if c.add(b, r, n) {
 			budget -= n
 		}
 	}
+	// Background requests (request.BackgroundPriority: the replay
+	// audit's re-scores) run only in steps that carry nothing else: a
+	// re-score's prefill chunk never lengthens a customer's step.
+	var background []*req
+	for _, r := range c.order {
+		if r.params.Priority == request.BackgroundPriority {
+			background = append(background, r)
+			continue
+		}
+		run(r)
+	}
 
-	// New sequences, tenant by tenant, least-loaded tenant first.
-	for budget > 0 && len(c.running) < c.cfg.MaxRunning && !c.shutdown {
-		t := c.pickTenant()
-		if t == nil {
-			break
-		}
-		r := t.queue[0]
-		if err := c.unfit(t, r.params); err != nil {
-			// The caps or the pool changed since it was submitted.
-			// Either way it must not hold up the other tenants.
-			if c.waitsForReaper(err) {
+	// New sequences, tenant by tenant, least-loaded tenant first;
+	// background ones only when nothing else runs this step and no
+	// other request waits for pages.
+	type skipped struct {
+		t    *tenant
+		prev uint64
+	}
+	var held []skipped
+	start := func(bg bool) (blocked bool) {
+		for budget > 0 && len(c.running) < c.cfg.MaxRunning && !c.shutdown {
+			t := c.pickTenant()
+			if t == nil {
+				return false
+			}
+			r := t.queue[0]
+			if (r.params.Priority == request.BackgroundPriority) != bg {
+				held = append(held, skipped{t, t.skip})
 				t.skip = c.step
-			} else {
-				c.shed(r, err)
+				continue
 			}
-			continue
-		}
-		seq, cached, n, ok := c.prepareStart(t, r, min(budget, c.chunkCap(r)))
-		if !ok {
-			if t.skip == c.step {
-				continue // its own cap: others may go ahead
+			if err := c.unfit(t, r.params); err != nil {
+				// The caps or the pool changed since it was submitted.
+				// Either way it must not hold up the other tenants.
+				if c.waitsForReaper(err) {
+					t.skip = c.step
+				} else {
+					c.shed(r, err)
+				}
+				continue
 			}
-			// Out of pages: everyone waits (no overtaking), so a large
-			// request at the head is not starved by small ones.
-			break
+			seq, cached, n, ok := c.prepareStart(t, r, min(budget, c.chunkCap(r)))
+			if !ok {
+				if t.skip == c.step {
+					continue // its own cap: others may go ahead
+				}
+				// Out of pages: everyone waits (no overtaking), so a large
+				// request at the head is not starved by small ones.
+				return true
+			}
+			c.unqueue(r)
+			if err := r.life.StartPrefill(); err != nil {
+				_ = invariants.Failf("sched: start of %v: %v", r.owner, err)
+				c.pool.Release(seq)
+				continue
+			}
+			r.seq, r.pages, r.computed = seq, seq.HeldPages(), cached
+			if r.preemptions == 0 {
+				r.cached = cached
+				c.stats.QueueWait.observe(c.now.Sub(r.enqueued))
+			}
+			t.pages += r.pages
+			t.running++
+			t.served = c.step
+			r.started = c.step
+			c.running = append(c.running, r)
+			if c.add(b, r, n) {
+				budget -= n
+			}
 		}
-		c.unqueue(r)
-		if err := r.life.StartPrefill(); err != nil {
-			_ = invariants.Failf("sched: start of %v: %v", r.owner, err)
-			c.pool.Release(seq)
-			continue
+		return false
+	}
+	blocked := start(false)
+	if len(b.Items) == 0 {
+		for i := len(held) - 1; i >= 0; i-- {
+			held[i].t.skip = held[i].prev
 		}
-		r.seq, r.pages, r.computed = seq, seq.HeldPages(), cached
-		if r.preemptions == 0 {
-			r.cached = cached
-			c.stats.QueueWait.observe(c.now.Sub(r.enqueued))
+		held = held[:0]
+		// A running background request goes on (it ends and gives its
+		// pages back, which a waiting request may need); a new one
+		// starts only if nobody waits for pages.
+		for _, r := range background {
+			run(r)
 		}
-		t.pages += r.pages
-		t.running++
-		t.served = c.step
-		r.started = c.step
-		c.running = append(c.running, r)
-		if c.add(b, r, n) {
-			budget -= n
+		if !blocked {
+			start(true)
 		}
+	}
+	for i := len(held) - 1; i >= 0; i-- {
+		held[i].t.skip = held[i].prev
 	}
 	if len(b.Items) == 0 {
 		return nil
@@ -940,7 +982,9 @@ func (c *Core) pickTenant() *tenant {
 func (c *Core) relieveStarvation() {
 	var starved *tenant
 	for _, t := range c.active {
+		// A background request (the audit's) never preempts anyone.
 		if len(t.queue) > 0 && t.running == 0 && (starved == nil || t.queue[0].order < starved.queue[0].order) &&
+			t.queue[0].params.Priority != request.BackgroundPriority &&
 			c.unfit(t, t.queue[0].params) == nil {
 			starved = t
 		}

@@ -3,6 +3,7 @@ package sched
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/pagewarden/pagewarden/internal/kvcache"
@@ -226,4 +227,61 @@ func TestPromptLogprobsChunkCap(t *testing.T) {
 	}
 	h.drain(t)
 	h.checkFree(t)
+}
+
+// TestBackgroundRunsAlone: a background request (the audit's re-score,
+// request.BackgroundPriority) never shares a step with another request's
+// work — it waits while a customer decodes and runs once the node is
+// idle — and one holding pages that a customer needs is preempted or
+// finishes (no deadlock), so every request ends and the pages come back.
+func TestBackgroundRunsAlone(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		pages     int
+		fg, fgMax int // the customer's prompt and max tokens
+		bgFirst   bool
+	}{
+		{name: "customer running first", pages: 24, fg: 5, fgMax: 6},
+		// 8 pages: the background request's 3 and the customer's 7
+		// do not fit together.
+		{name: "background started first, customer short of pages", pages: 8, fg: 50, fgMax: 4, bgFirst: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, harnessOpts{window: 64, pageSize: 8, pages: tc.pages, batchTokens: 8, maxRunning: 8})
+			bg := h.mkParams("_audit", 20, 1)
+			bg.Priority = request.BackgroundPriority
+			bg.Sampling.PromptLogprobs = true
+			fg := h.mkParams("acme", tc.fg, tc.fgMax)
+			first, second := fg, bg
+			if tc.bgFirst {
+				first, second = bg, fg
+			}
+			if err := h.submitParams(first); err != nil {
+				t.Fatal(err)
+			}
+			h.step(t)
+			if err := h.submitParams(second); err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; !h.core.Idle(); i++ {
+				if i > 1000 {
+					t.Fatal("no quiescence: a background request and a customer wait for each other")
+				}
+				h.step(t)
+				tenants := map[string]bool{}
+				for _, it := range h.last {
+					tenants[it[:strings.IndexByte(it, ':')]] = true
+				}
+				if tenants["_audit"] && len(tenants) > 1 {
+					t.Fatalf("a background request shared a step: %v", h.last)
+				}
+			}
+			for _, o := range []request.Owner{bg.Owner, fg.Owner} {
+				if r := h.results[o]; !r.Reason.Success() {
+					t.Fatalf("%v: %v (%v)", o, r.Reason, r.Err)
+				}
+			}
+			h.checkFree(t)
+		})
+	}
 }
