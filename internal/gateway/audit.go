@@ -53,9 +53,10 @@ import (
 //
 // A replay runs as the reserved tenant AuditTenant (which no configured
 // tenant can be named: tenant ids start with a letter or digit), so it is
-// charged to no customer and counts against no customer's caps; at the
-// lowest priority, so that the scheduler admits it after every customer's
-// request and preempts it first; with a cache salt of its own, so that it
+// charged to no customer and counts against no customer's caps; as
+// background work (request.BackgroundPriority), so that the scheduler runs
+// it only in steps with no customer's work in them, starts it only while
+// no customer waits for pages, and preempts it first; with a cache salt of its own, so that it
 // reuses no prefix-cache page, not even an earlier replay's. Its output
 // never leaves the auditor. The queue is bounded: when replays cannot keep
 // up, the excess is dropped and counted, never waited for.
