@@ -44,6 +44,11 @@ tenants), and judge what comes back:
   prefix-cache  a key's repeated prompt hits its cache, another key's does not
   errors        malformed requests: a 4xx with OpenAI's JSON error, no traces
   overload      a burst: complete 200s, or 429/503 with Retry-After
+  server-counters  the server's must-be-zero counters (isolation violations,
+                aborted-but-completed, invariant violations, owner and audit
+                mismatches, and each --zero-metric) read from /metrics
+                (--metrics-url) before and after the run: none may rise;
+                not applicable where the server exposes none
 
 The window is max_model_len from /v1/models or /tokenize, n_ctx from
 llama.cpp's /props, or --window. /tokenize is read in vLLM's form or
@@ -105,6 +110,8 @@ The exit code is 1 when a check fails.`,
 	f.IntVar(&cfg.Trials, "trials", 0, "canary copy tasks per key (default 40, 6 with --quick)")
 	f.BoolVar(&cfg.Quick, "quick", false, "fewer trials and a smaller burst: a smoke check in seconds")
 	f.BoolVar(&cfg.OneTenant, "one-tenant", false, "the keys are one tenant to the server (llama.cpp's server: keys but no tenants), or one key is given: canaries then test isolation between requests, and prefix-cache is not applicable")
+	f.StringVar(&cfg.MetricsURL, "metrics-url", "", "where the server's Prometheus metrics are read for the must-be-zero counters (default: --url + /metrics; pagewarden serves them on --metrics-listen)")
+	f.StringArrayVar(&cfg.ZeroMetrics, "zero-metric", nil, "a counter that must not rise during the run, besides pagewarden's must-be-zero ones (repeatable)")
 	f.StringVar(&jsonPath, "json", "", "write the full report with evidence as JSON to this file")
 	f.DurationVar(&cfg.Timeout, "request-timeout", 2*time.Minute, "deadline of each request (longer than the server's own queue limit, so that it answers first)")
 	f.DurationVar(&maxDuration, "max-duration", 30*time.Minute, "deadline of the whole probe")

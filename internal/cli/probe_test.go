@@ -33,7 +33,7 @@ func startServeTenants(t *testing.T, maxConcurrent int, keys ...string) string {
 	stderr := &syncBuffer{}
 	done := make(chan int, 1)
 	args := []string{"serve", "--model", "builtin:tiny", "--threads", "1", "--listen", "127.0.0.1:0", "--kv-memory", "16MiB",
-		"--metrics-listen", "", "--max-context", "256", "--config", path}
+		"--metrics-listen", "", "--metrics-on-api", "--max-context", "256", "--config", path}
 	go func() { done <- Main(ctx, args, io.Discard, stderr) }()
 	t.Cleanup(func() { cancel(); <-done })
 	waitFor(t, stderr, "listening on http://")
@@ -66,7 +66,7 @@ func TestProbePagewarden(t *testing.T) {
 	if err := json.Unmarshal(b, &r); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"canaries", "boundary", "prefix-cache", "abort-storm", "determinism", "errors", "overload"}
+	want := []string{"canaries", "boundary", "prefix-cache", "abort-storm", "determinism", "errors", "overload", "server-counters"}
 	if len(r.Checks) != len(want) {
 		t.Fatalf("%d checks, want %v:\n%s", len(r.Checks), want, stdout.String())
 	}
@@ -101,6 +101,8 @@ func TestProbeUsage(t *testing.T) {
 		{[]string{"probe", "--key", "a", "--key", "b", "--url", "ftp://x"}, 2, "--url"},
 		{[]string{"probe", "--key", "a", "--key", "b", "--window", "-5"}, 2, "--window"},
 		{[]string{"probe", "--key", "a", "--key", "b", "--max-duration", "0s"}, 2, "--max-duration"},
+		{[]string{"probe", "--key", "a", "--key", "b", "--zero-metric", "bad name"}, 2, "--zero-metric"},
+		{[]string{"probe", "--key", "a", "--key", "b", "--metrics-url", "localhost:9"}, 2, "--metrics-url"},
 		{[]string{"probe", "--key", "a", "--key", "b", "--url", "http://127.0.0.1:1"}, 1, "/v1/models"},
 	} {
 		var out, errb bytes.Buffer

@@ -11,6 +11,15 @@ import (
 	"time"
 )
 
+// prefixTrials bounds the trials per direction of the prefix-cache check
+// when the other key's first attempt is answered busy.
+const prefixTrials = 4
+
+// busy reports whether status is the server saying it is full.
+func busy(status int) bool {
+	return status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable
+}
+
 // prefixCache: a key's repeated prompt reports cached tokens; the same
 // prompt from another key reports none. Both directions between the first
 // two keys. The count is usage.prompt_tokens_details.cached_tokens, or,
@@ -21,22 +30,38 @@ func (p *prober) prefixCache(ctx context.Context) Check {
 	hits, crossHits := 0, 0
 	source := ""
 	nums := map[string]any{}
+	inconclusive := 0
 	for _, pair := range [][2]int{{0, 1}, {1, 0}} {
 		owner, other := pair[0], pair[1]
-		prompt := fmt.Sprintf("Cache probe %s. %s", randomToken(16), pad(min(p.promptBytes(), 4000)))
-		mk := func(k int, what string) func() *exchange {
-			return func() *exchange { return newCompletion(k, p.model, prompt, 1, false, nil, 0, what) }
-		}
-		first := p.sendRetry(ctx, mk(owner, fmt.Sprintf("a fresh prompt, first time from key %d", owner)))
-		again := p.sendRetry(ctx, mk(owner, fmt.Sprintf("the same prompt again from key %d", owner)))
-		foreign := p.sendRetry(ctx, mk(other, fmt.Sprintf("key %d's prompt, sent by key %d", owner, other)))
-		c.Requests += 3
-		answered := true
-		for _, e := range []*exchange{first, again, foreign} {
-			if e.status != http.StatusOK {
-				c.fail(e.evidence(fmt.Sprintf("answered %d", e.status), nil))
-				answered = false
+		var first, again, foreign *exchange
+		answered := false
+		// A trial compares first attempts only: a busy answer (429/503)
+		// to the other key's request may come after the server has
+		// prefilled, and so cached, the prompt under that key, and a
+		// retry would then rightly hit that key's own cache and look like
+		// a cross-tenant hit. Such a trial is inconclusive and a fresh
+		// one starts with a new unique prompt.
+		for trial := 0; trial < prefixTrials && ctx.Err() == nil; trial++ {
+			prompt := fmt.Sprintf("Cache probe %s. %s", randomToken(16), pad(min(p.promptBytes(), 4000)))
+			mk := func(k int, what string) func() *exchange {
+				return func() *exchange { return newCompletion(k, p.model, prompt, 1, false, nil, 0, what) }
 			}
+			first = p.sendRetry(ctx, mk(owner, fmt.Sprintf("a fresh prompt, first time from key %d", owner)))
+			again = p.sendRetry(ctx, mk(owner, fmt.Sprintf("the same prompt again from key %d", owner)))
+			foreign = p.send(ctx, mk(other, fmt.Sprintf("key %d's prompt, sent by key %d", owner, other))())
+			c.Requests += 3
+			if busy(foreign.status) {
+				inconclusive++
+				continue
+			}
+			answered = true
+			for _, e := range []*exchange{first, again, foreign} {
+				if e.status != http.StatusOK {
+					c.fail(e.evidence(fmt.Sprintf("answered %d", e.status), nil))
+					answered = false
+				}
+			}
+			break
 		}
 		if !answered {
 			continue // this direction has nothing to compare
@@ -58,6 +83,7 @@ func (p *prober) prefixCache(ctx context.Context) Check {
 			}
 		}
 	}
+	nums["inconclusive_trials"] = inconclusive
 	if source != "" {
 		nums["cached_from"] = source
 	}
@@ -74,6 +100,9 @@ func (p *prober) prefixCache(ctx context.Context) Check {
 		// Never a pass: two keys of one tenant may share a cache.
 		c.Verdict = Skip
 		c.Reason = fmt.Sprintf("not applicable: the keys are one tenant to the server, so sharing its cache is by design (the other key's request hit the cache in %d of 2 directions)", crossHits)
+	case inconclusive > 0 && hits == 0 && crossHits == 0 && source == "":
+		c.Verdict = Skip
+		c.Reason = fmt.Sprintf("not measured: the other key's first attempt was answered busy (429/503) in %d trials", inconclusive)
 	case source == "":
 		c.Verdict = Skip
 		c.Reason = "the answers do not say how many prompt tokens came from a cache (no usage.prompt_tokens_details.cached_tokens, no llama.cpp timings): isolation cannot be seen from outside"

@@ -50,6 +50,12 @@ type Config struct {
 	// tenants, and prefix-cache sharing between keys is by design, so that
 	// check is not applicable.
 	OneTenant bool
+	// MetricsURL is where the server's Prometheus metrics are read for
+	// the must-be-zero counters; "" means URL + "/metrics".
+	MetricsURL string
+	// ZeroMetrics are counters, besides DefaultZeroMetrics, that must not
+	// rise while the probe runs.
+	ZeroMetrics []string
 	// HTTPClient is used for every request; nil makes one.
 	HTTPClient *http.Client
 	// Progress receives progress lines while the probe runs; nil: none.
@@ -81,6 +87,16 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("%w: key %d is given twice (say --one-tenant if the server has one key)", ErrConfig, i)
 		}
 		seen[k] = true
+	}
+	if c.MetricsURL != "" {
+		if u, err := url.Parse(c.MetricsURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("%w: --metrics-url %q: want http://host:port/metrics", ErrConfig, c.MetricsURL)
+		}
+	}
+	for _, n := range c.ZeroMetrics {
+		if !validMetricName(n) {
+			return fmt.Errorf("%w: --zero-metric %q is not a Prometheus metric name", ErrConfig, n)
+		}
 	}
 	if c.Window < 0 || c.Window > 1<<24 {
 		return fmt.Errorf("%w: --window %d: want 0 (discover) or 1..%d", ErrConfig, c.Window, 1<<24)
@@ -276,6 +292,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	r.Model, r.Window, r.Tokenize, r.TokenizeForm, r.Server = p.model, p.window, p.tokenize, string(p.tok), p.server
 
+	before, errBefore := p.scrape(ctx)
 	r.Checks = append(r.Checks, p.boundary(ctx))
 	base := p.baselines(ctx)
 	r.Checks = append(r.Checks, p.prefixCache(ctx))
@@ -286,6 +303,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r.Checks = append(r.Checks, p.determinism(base, load.replays, after, copies))
 	r.Checks = append(r.Checks, p.errorHygiene(ctx))
 	r.Checks = append(r.Checks, p.overload(ctx))
+	afterM, errAfter := p.scrape(ctx)
+	r.Checks = append(r.Checks, p.counterCheck(before, errBefore, afterM, errAfter))
 	canary, leak := p.canaryCheck(load)
 	// The canary check is the headline: it goes first.
 	r.Checks = append([]Check{canary}, r.Checks...)

@@ -39,6 +39,13 @@ const (
 	faultSlots      fault = "slots"     // /slots shows every tenant's prompt, not only the reader's
 	faultKeys       fault = "keys"      // /props shows the server's API keys
 	faultStreamDeny fault = "stream-deny"
+	// The server counts an abort that still finished (the incident's
+	// mutant): no client sees it, /metrics does.
+	faultAbortCount fault = "abort-count"
+	// Not a bug: the first "Cache probe" request of key 1 is answered
+	// 503 after its prompt was cached under key 1 (a server that gave up
+	// after prefill), so a retry rightly hits key 1's own cache.
+	faultBusyFill fault = "busy-fill"
 )
 
 // dialect is which server the fake imitates where servers differ.
@@ -67,12 +74,14 @@ type fakeServer struct {
 	dialect dialect
 	keys    map[string]int
 
-	mu        sync.Mutex
-	inflight  map[int]int
-	total     int
-	last      map[int][]byte  // each tenant's last prompt
-	cache     map[string]bool // prefix-cache entries
-	abandoned bool            // a client left (faultAbort200)
+	mu              sync.Mutex
+	inflight        map[int]int
+	total           int
+	last            map[int][]byte  // each tenant's last prompt
+	cache           map[string]bool // prefix-cache entries
+	abandoned       bool            // a client left (faultAbort200)
+	completedAborts int             // pagewarden_aborted_but_completed_total (faultAbortCount)
+	busyFilled      bool            // faultBusyFill answered its one 503
 }
 
 const (
@@ -172,6 +181,16 @@ func (s *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		json.NewEncoder(w).Encode(slots)
 	case "/v1/completions", "/v1/chat/completions":
 		s.complete(w, r, tenant, r.URL.Path == "/v1/chat/completions")
+	case "/metrics":
+		if s.dialect != dialectVLLM {
+			s.fail(w, 404, "no such path")
+			return
+		}
+		s.mu.Lock()
+		n := s.completedAborts
+		s.mu.Unlock()
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		fmt.Fprintf(w, "# HELP pagewarden_aborted_but_completed_total Requests that reached Finished after being aborted (I4). Must stay 0.\n# TYPE pagewarden_aborted_but_completed_total counter\npagewarden_aborted_but_completed_total %d\npagewarden_isolation_violations_total 0\npagewarden_requests_total{tenant=\"a\",code=\"200\"} 7\n", n)
 	default:
 		s.fail(w, 404, "no such path")
 	}
@@ -264,6 +283,12 @@ func (s *fakeServer) complete(w http.ResponseWriter, r *http.Request, tenant int
 		cached = n / 16 * 16
 	}
 	s.cache[key] = true
+	if s.fault == faultBusyFill && tenant == 1 && cached == 0 && !s.busyFilled && bytes.HasPrefix(prompt, []byte("Cache probe")) {
+		s.busyFilled = true
+		s.mu.Unlock()
+		s.fail(w, 503, "gave up after prefill", "Retry-After", "1")
+		return
+	}
 	short := false
 	if s.fault == faultAbort200 && s.abandoned {
 		s.abandoned, short = false, true
@@ -339,6 +364,9 @@ func (s *fakeServer) complete(w http.ResponseWriter, r *http.Request, tenant int
 		case <-r.Context().Done():
 			s.mu.Lock()
 			s.abandoned = true
+			if s.fault == faultAbortCount {
+				s.completedAborts++
+			}
 			s.mu.Unlock()
 			return
 		case <-time.After(time.Millisecond):
@@ -369,8 +397,8 @@ func TestProbeFakeServer(t *testing.T) {
 		tokenize  tokenizer
 	}{
 		{fault: faultNone, tokenize: tokVLLM},
-		{fault: faultNone, dialect: dialectLlama, windowSrc: "/props n_ctx", tokenize: tokLlama},
-		{fault: faultNone, dialect: dialectBare, window: fakeWindow, windowSrc: "--window", skip: []string{"prefix-cache"}},
+		{fault: faultNone, dialect: dialectLlama, windowSrc: "/props n_ctx", tokenize: tokLlama, skip: []string{"server-counters"}},
+		{fault: faultNone, dialect: dialectBare, window: fakeWindow, windowSrc: "--window", skip: []string{"prefix-cache", "server-counters"}},
 		{fault: faultPromptOne, check: "boundary", dialect: dialectLlama},
 		{fault: faultPromptOne, check: "boundary", dialect: dialectBare, window: fakeWindow},
 		{fault: faultTruncate, check: "boundary", dialect: dialectLlama},
@@ -382,7 +410,7 @@ func TestProbeFakeServer(t *testing.T) {
 		{fault: faultKeys, check: "canaries", dialect: dialectLlama},
 		// Every prompt is the one tenant's own: /slots showing them all is
 		// no leak.
-		{fault: faultSlots, dialect: dialectLlama, oneTenant: true, skip: []string{"prefix-cache"}, windowSrc: "/props n_ctx", tokenize: tokLlama},
+		{fault: faultSlots, dialect: dialectLlama, oneTenant: true, skip: []string{"prefix-cache", "server-counters"}, windowSrc: "/props n_ctx", tokenize: tokLlama},
 		{fault: faultPromptOne, check: "boundary"},
 		{fault: faultAbort200, check: "abort-storm"},
 		{fault: faultNondet, check: "determinism"},
@@ -390,9 +418,13 @@ func TestProbeFakeServer(t *testing.T) {
 		{fault: faultSharedCache, check: "prefix-cache", dialect: dialectLlama},
 		// One tenant behind both keys: a shared cache is by design, and the
 		// check says so instead of passing.
-		{fault: faultSharedCache, dialect: dialectLlama, oneTenant: true, skip: []string{"prefix-cache"}, windowSrc: "/props n_ctx", tokenize: tokLlama},
+		{fault: faultSharedCache, dialect: dialectLlama, oneTenant: true, skip: []string{"prefix-cache", "server-counters"}, windowSrc: "/props n_ctx", tokenize: tokLlama},
 		{fault: faultTraces, check: "errors"},
 		{fault: faultOverload200, check: "overload"},
+		{fault: faultAbortCount, check: "server-counters"},
+		// A clean server that answers key 1's first cache request 503
+		// after caching it: the trial is inconclusive, not a leak.
+		{fault: faultBusyFill, tokenize: tokVLLM},
 	} {
 		name := string(cmpOr(tc.fault, "correct")) + "/" + string(cmpOr(fault(tc.dialect), "pagewarden-like"))
 		if tc.oneTenant {
@@ -450,6 +482,12 @@ func TestProbeFakeServer(t *testing.T) {
 			}
 			if c := r.Check("prefix-cache"); tc.fault == faultSharedCache && !tc.oneTenant && len(c.Evidence) != 2 {
 				t.Errorf("prefix-cache: %d evidence, want one per direction\n%s", len(c.Evidence), sum.String())
+			}
+			if c := r.Check("prefix-cache"); tc.fault == faultBusyFill && c.Numbers["inconclusive_trials"] != 1 {
+				t.Errorf("prefix-cache: %v inconclusive trials, want 1 (the fake's 503 after filling)\n%s", c.Numbers["inconclusive_trials"], sum.String())
+			}
+			if c := r.Check("server-counters"); tc.fault == faultAbortCount && (len(c.Evidence) == 0 || !strings.Contains(c.Evidence[0].What, "pagewarden_aborted_but_completed_total rose by")) {
+				t.Errorf("server-counters: no evidence naming the counter\n%s", sum.String())
 			}
 			if tc.fault == faultKeys && !strings.Contains(sum.String(), "holds key 1's API key") {
 				t.Errorf("no evidence of the exposed key\n%s", sum.String())
