@@ -958,7 +958,7 @@ func (rt *Router) failDependents(node transfer.Peer, cause error) {
 		rt.log.Warn("node down; failing its requests", "node", node, "requests", len(hit), "err", cause)
 	}
 	for _, c := range hit {
-		rt.fail(c, fmt.Errorf("%w: node %s went down: %v", request.ErrInternal, node, cause), transfer.ReasonNone)
+		rt.fail(c, fmt.Errorf("%w: node %s went down: %v", request.ErrNodeFailed, node, cause), transfer.ReasonNone)
 		if c.prefill == node && c.decode != node {
 			// The decode node still holds a reservation for it.
 			_ = rt.cfg.Transport.Send(context.Background(), c.decode, &transfer.Abort{Ref: c.ref, Reason: transfer.ReasonPrefillFailed})

@@ -145,7 +145,12 @@ func backendError(err error) *apiError {
 		// The client did not ask for this abort (client disconnects
 		// never reach a response), so the server gave up on it.
 		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "aborted",
-			Message: "The request was aborted by the server before it finished; it was not completed.", Err: err}
+			Message: "The request was aborted by the server before it finished; it was not completed.", RetryAfter: time.Second, Err: err}
+	case errors.Is(err, request.ErrNodeFailed):
+		// A node going down is an availability event, not a bug in the
+		// request or the server's logic: 503 so that clients retry.
+		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "node_failed",
+			Message: "A node serving the request failed before it finished; it was not completed. Retry.", RetryAfter: time.Second, Err: err}
 	}
 	return internalError(err)
 }

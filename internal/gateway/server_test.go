@@ -368,6 +368,7 @@ func TestNever200WithoutFinish(t *testing.T) {
 		{"engine error", gatewaytest.Behavior{Fault: gatewaytest.FaultError, At: 3}, 500, "internal_error"},
 		{"engine error first", gatewaytest.Behavior{Fault: gatewaytest.FaultError, At: 0}, 500, "internal_error"},
 		{"server abort", gatewaytest.Behavior{Fault: gatewaytest.FaultAbort, At: 3}, 503, "aborted"},
+		{"node failed", gatewaytest.Behavior{SubmitErr: fmt.Errorf("%w: node d0 went down: link closed", request.ErrNodeFailed)}, 503, "node_failed"},
 		{"usage miscount", gatewaytest.Behavior{Fault: gatewaytest.FaultBadUsage}, 500, "internal_error"},
 		{"success with error", gatewaytest.Behavior{Fault: gatewaytest.FaultSuccessWithErr}, 500, "internal_error"},
 		{"overloaded", gatewaytest.Behavior{SubmitErr: fmt.Errorf("sched: %w", request.ErrOverloaded)}, 503, "overloaded"},
@@ -392,6 +393,11 @@ func TestNever200WithoutFinish(t *testing.T) {
 				} else {
 					if r.status != tc.want || errorCode(t, r.body) != tc.code {
 						t.Fatalf("status %d %s, want %d %s", r.status, r.body, tc.want, tc.code)
+					}
+					// Every 503 says when to come back: clients and the
+					// probe's overload check rely on it.
+					if r.status == http.StatusServiceUnavailable && r.header.Get("Retry-After") == "" {
+						t.Fatalf("503 %s without Retry-After", tc.code)
 					}
 				}
 				eventually(t, "pages returned", func() bool { return h.fake.PagesUsed() == 0 })

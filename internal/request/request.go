@@ -301,6 +301,10 @@ var (
 	ErrAborted       = errors.New("request: aborted")
 	ErrShuttingDown  = errors.New("request: server shutting down")
 	ErrInternal      = errors.New("request: internal error")
-	ErrNotFound      = errors.New("request: no such request for this tenant")
-	ErrQuota         = errors.New("request: tenant quota exceeded")
+	// ErrNodeFailed: a node the request depended on went down or left the
+	// cluster before the request finished. Nothing is wrong with the
+	// request; another attempt may land on a healthy node.
+	ErrNodeFailed = errors.New("request: a node serving it failed")
+	ErrNotFound   = errors.New("request: no such request for this tenant")
+	ErrQuota      = errors.New("request: tenant quota exceeded")
 )

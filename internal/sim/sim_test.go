@@ -171,7 +171,7 @@ func (w *world) restartDecode(i int) error {
 	for _, o := range g.order {
 		if c := g.calls[o]; !c.done() && c.decode == old.name {
 			res := request.Result{Owner: o, Reason: request.FinishError,
-				Err: fmt.Errorf("%w: decode node %s went down", request.ErrInternal, old.name)}
+				Err: fmt.Errorf("%w: decode node %s went down", request.ErrNodeFailed, old.name)}
 			if err := g.end(c, res); err != nil {
 				return err
 			}
