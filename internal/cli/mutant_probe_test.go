@@ -28,7 +28,8 @@ type probeMutantCase struct {
 	fault  string // PAGEWARDEN_MUTANT_FAULT; "" none
 	// catch is the check that must fail with a 200 as evidence whose
 	// "what" holds evidence: the mutant's wrong answer, not the fault's
-	// error. "" means the probe must pass: a mutant it cannot see (why
+	// error (for server-counters: the counter that rose, read from the
+	// server's /metrics). "" means the probe must pass: a mutant it cannot see (why
 	// says so), or the clean server.
 	catch, evidence string
 	// control names a check that may fail in a fault's control run (the
@@ -41,10 +42,10 @@ type probeMutantCase struct {
 // probeMutantCases is the probe column of docs/assurance.md, as a test.
 var probeMutantCases = []probeMutantCase{
 	{name: "no mutant", why: "the clean server passes every check"},
-	{name: "a", mutant: "a", why: "not visible: the client that aborted has gone, and the placeholder's broken invariant aborts it inside; " +
-		"second layer: the must-be-zero counters (internal/disagg TestMutantIncidentCaughtByCounters)"},
-	{name: "a2", mutant: "a2", why: "not visible: the aborted request runs on for a client that has gone; " +
-		"second layer: pagewarden_aborted_but_completed_total (internal/disagg TestMutantIncidentCaughtByCounters)"},
+	{name: "a", mutant: "a", catch: "server-counters", evidence: "pagewarden_invariant_violations_total rose by",
+		why: "the client that aborted has gone and the placeholder's broken invariant aborts it inside: no client sees it, the server's must-be-zero counter does"},
+	{name: "a2", mutant: "a2", catch: "server-counters", evidence: "pagewarden_aborted_but_completed_total rose by",
+		why: "the aborted request runs on for a client that has gone and finishes: the client sees nothing, the server's must-be-zero counter does"},
 	{name: "b control: torn handoffs, no mutant", fault: "torn=2", control: "determinism"},
 	{name: "b with torn handoffs", mutant: "b", fault: "torn=2", catch: "determinism", evidence: "differs"},
 	{name: "b without a fault", mutant: "b", why: "not visible: serve's handoffs are never torn on their own"},
@@ -77,7 +78,7 @@ func startMutantServe(t *testing.T, tc probeMutantCase, keys []string) (string, 
 	}
 	env := []string{mutantEnv + "=" + tc.mutant, mutantFaultEnv + "=" + tc.fault}
 	p := startProcEnv(t, "serve", env, "serve", "--model", "builtin:tiny", "--threads", "1", "--listen", "127.0.0.1:0",
-		"--kv-memory", "16MiB", "--metrics-listen", "", "--max-context", "256", "--config", path)
+		"--kv-memory", "16MiB", "--metrics-listen", "", "--metrics-on-api", "--max-context", "256", "--config", path)
 	waitFor(t, p.out, "listening on http://")
 	m := regexp.MustCompile(`listening on (http://\S+)`).FindStringSubmatch(p.out.String())
 	if m == nil {
@@ -121,14 +122,16 @@ func TestProbeCatchesMutants(t *testing.T) {
 				}
 				caught := 0
 				for _, ev := range c.Evidence {
-					if ev.Status == http.StatusOK && strings.Contains(ev.What, tc.evidence) {
+					// The counters' evidence is the server's own count,
+					// not an answer.
+					if (ev.Status == http.StatusOK || tc.catch == "server-counters") && strings.Contains(ev.What, tc.evidence) {
 						caught++
 					}
 				}
 				if caught == 0 {
 					t.Fatalf("mutant %s: %s failed, but no evidence is a 200 whose finding holds %q:\n%s", tc.mutant, tc.catch, tc.evidence, r.JSON())
 				}
-				t.Logf("caught by %s: %d of %d pieces of evidence are wrong 200s, e.g. %s: %s", tc.catch, caught, len(c.Evidence), c.Evidence[0].What, c.Evidence[0].Bytes)
+				t.Logf("caught by %s: %d of %d pieces of evidence hold %q, e.g. %s %s", tc.catch, caught, len(c.Evidence), tc.evidence, c.Evidence[0].What, c.Evidence[0].Bytes)
 			case tc.control != "":
 				// The fault alone: requests fail, but closed. The
 				// check the mutant fails must hold no wrong 200.
@@ -160,6 +163,9 @@ func TestProbeCatchesMutants(t *testing.T) {
 						tc.name, tc.why, summary.String())
 				}
 				t.Logf("probe passes: %s", tc.why)
+				if c := r.Check("server-counters"); c != nil {
+					t.Logf("server-counters %s: %s %v", c.Verdict, c.Reason, c.Numbers)
+				}
 			}
 		})
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	mrand "math/rand/v2"
 	"net/http"
 	"sort"
 	"strings"
@@ -229,7 +230,16 @@ func (p *prober) load(ctx context.Context, bs []*baseline) *loadResult {
 		size = min(size, p.window-3*maxTok-48)
 	}
 	size = max(size, minCanaryPrompt)
-	aborts := max(p.cfg.Trials/2, 2)
+	// The leaving clients need the server still decoding when they go:
+	// half of them send a shorter copy task with as many max_tokens as the
+	// window leaves (a server that does not make a client's abort
+	// terminal then decodes on for nobody, which its counters show).
+	short := max(size/2, minCanaryPrompt)
+	decodeTok := 256
+	if p.window > 0 {
+		decodeTok = max(p.window-short-48, 3*maxTok)
+	}
+	aborts := max(2*p.cfg.Trials, 8)
 	res := &loadResult{}
 	var mu sync.Mutex
 	keep := func(e *exchange) {
@@ -274,26 +284,23 @@ func (p *prober) load(ctx context.Context, bs []*baseline) *loadResult {
 				}
 			}()
 		}
-		// One client per key that leaves its streams after 1-3 events.
+		// One client per key that leaves its requests mid-way.
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := 0; i < aborts && ctx.Err() == nil; i++ {
 				secret := p.canaries.mint(k)
-				prompt := canaryPrompt(secret, size)
-				e := p.sendRetry(ctx, func() *exchange {
-					if i%4 == 3 {
-						// Gone within a few milliseconds: most likely
-						// while the prompt is read (the incident's
-						// abort in prefill).
-						e := newCompletion(k, p.model, prompt, 3*maxTok, true, nil, 0, fmt.Sprintf("copy task, client leaves after %d ms", 1+i%5))
-						e.leaveAfter = time.Duration(1+i%5) * time.Millisecond
-						return e
-					}
-					e := newCompletion(k, p.model, prompt, 3*maxTok, true, nil, 0, fmt.Sprintf("copy task, client leaves after %d events", 1+i%3))
-					e.abortAfter = 1 + i%3
-					return e
-				})
+				// Two in three leave a long decode: the phase where a
+				// server that does not make the abort terminal is seen.
+				kind := abortKinds[mrand.IntN(2)]
+				if mrand.IntN(3) > 0 {
+					kind = abortKinds[2+mrand.IntN(len(abortKinds)-2)]
+				}
+				pr := canaryPrompt(secret, size)
+				if kind.decode {
+					pr = canaryPrompt(secret, short)
+				}
+				e := p.sendRetry(ctx, func() *exchange { return kind.mk(k, p.model, pr, decodeTok, 3*maxTok) })
 				keep(e)
 			}
 		}()
@@ -328,6 +335,49 @@ func (p *prober) load(ctx context.Context, bs []*baseline) *loadResult {
 	close(stopSide)
 	side.Wait()
 	return res
+}
+
+// abortKind is one way a client leaves.
+type abortKind struct {
+	decode bool // the long-decoding copy task
+	mk     func(k int, model, prompt string, decodeTok, tok int) *exchange
+}
+
+// abortKinds are the leaving clients, drawn at random for each request so
+// that aborts land in every phase: while the prompt is read, right after
+// the first token, a few tokens in, and in the middle of a long decode,
+// streamed and not (a non-streamed request is left by closing the
+// connection: the server sees the abort only through its context).
+var abortKinds = []abortKind{
+	{false, func(k int, model, prompt string, _, tok int) *exchange {
+		ms := 1 + mrand.IntN(5)
+		e := newCompletion(k, model, prompt, tok, true, nil, 0, fmt.Sprintf("copy task, client leaves after %d ms (in prefill)", ms))
+		e.leaveAfter = time.Duration(ms) * time.Millisecond
+		return e
+	}},
+	{false, func(k int, model, prompt string, _, tok int) *exchange {
+		n := 1 + mrand.IntN(3)
+		e := newCompletion(k, model, prompt, tok, true, nil, 0, fmt.Sprintf("copy task, client leaves after %d events", n))
+		e.abortAfter = n
+		return e
+	}},
+	{true, func(k int, model, prompt string, dt, _ int) *exchange {
+		e := newCompletion(k, model, prompt, dt, true, nil, 0, fmt.Sprintf("copy task with max_tokens=%d, client leaves after the first token (in decode)", dt))
+		e.abortAfter = 1
+		return e
+	}},
+	{true, func(k int, model, prompt string, dt, _ int) *exchange {
+		ms := 5 + mrand.IntN(60)
+		e := newCompletion(k, model, prompt, dt, true, nil, 0, fmt.Sprintf("copy task with max_tokens=%d, client leaves after %d ms of streaming", dt, ms))
+		e.leaveAfter = time.Duration(ms) * time.Millisecond
+		return e
+	}},
+	{true, func(k int, model, prompt string, dt, _ int) *exchange {
+		ms := 5 + mrand.IntN(60)
+		e := newCompletion(k, model, prompt, dt, false, nil, 0, fmt.Sprintf("non-streamed copy task with max_tokens=%d, client hangs up after %d ms", dt, ms))
+		e.leaveAfter = time.Duration(ms) * time.Millisecond
+		return e
+	}},
 }
 
 // sideEndpoints are the endpoints besides the API that servers answer
