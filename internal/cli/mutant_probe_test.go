@@ -151,6 +151,9 @@ func TestProbeCatchesMutants(t *testing.T) {
 						}
 					}
 				}
+				for _, ch := range r.Checks {
+					t.Logf("fault %s alone: %s %s: %s", tc.fault, ch.Name, ch.Verdict, ch.Reason)
+				}
 				// A control whose fault never fired would prove nothing.
 				if n := strings.Count(srv.out.String(), `"msg":"handoff failed"`); n == 0 {
 					t.Errorf("fault %s: no handoff failed, so the fault never fired:\n%s", tc.fault, srv.out.String())

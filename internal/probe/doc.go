@@ -30,7 +30,10 @@
 //     API key. Each key also reads the side endpoints (/slots, /metrics,
 //     /props, /health, /get_server_info) during the load: another key's
 //     secret or key there is a leak too.
-//   - abort-storm: clients that leave mid-stream, mixed into that load.
+//   - abort-storm: clients that leave mid-way, mixed into that load, most
+//     of them in the middle of a long decode (streamed, or a non-streamed
+//     request hung up), so that a server that does not make an abort
+//     terminal is exercised.
 //     Every answer that was not abandoned must be complete (a stream ends
 //     with a finish_reason and [DONE]; finish_reason "length" means
 //     max_tokens tokens were made: a shorter one is an abort dressed as a
@@ -47,6 +50,10 @@
 //   - overload: a burst from one key; each answer is a complete 200, or a
 //     429/503 with Retry-After and a JSON error, never a 200 with garbage.
 //     Skipped when the burst is not refused at all.
+//   - server-counters: the server's must-be-zero counters (pagewarden's, see
+//     DefaultZeroMetrics, and Config.ZeroMetrics) read from its Prometheus
+//     metrics before and after the run: none may rise. Not applicable,
+//     never passed, where the server exposes none of them.
 //
 // The canary trials give the leak rate's one-sided 95% upper bound
 // (Clopper-Pearson; 3/n, the rule of three, when no leak was seen).
