@@ -239,7 +239,7 @@ func (p *prober) load(ctx context.Context, bs []*baseline) *loadResult {
 	if p.window > 0 {
 		decodeTok = max(p.window-short-48, 3*maxTok)
 	}
-	aborts := max(2*p.cfg.Trials, 8)
+	aborts := max(3*p.cfg.Trials, 12)
 	res := &loadResult{}
 	var mu sync.Mutex
 	keep := func(e *exchange) {
@@ -290,10 +290,10 @@ func (p *prober) load(ctx context.Context, bs []*baseline) *loadResult {
 			defer wg.Done()
 			for i := 0; i < aborts && ctx.Err() == nil; i++ {
 				secret := p.canaries.mint(k)
-				// Two in three leave a long decode: the phase where a
+				// Three in four leave a long decode: the phase where a
 				// server that does not make the abort terminal is seen.
 				kind := abortKinds[mrand.IntN(2)]
-				if mrand.IntN(3) > 0 {
+				if mrand.IntN(4) > 0 {
 					kind = abortKinds[2+mrand.IntN(len(abortKinds)-2)]
 				}
 				pr := canaryPrompt(secret, size)

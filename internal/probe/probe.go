@@ -56,6 +56,10 @@ type Config struct {
 	// ZeroMetrics are counters, besides DefaultZeroMetrics, that must not
 	// rise while the probe runs.
 	ZeroMetrics []string
+	// CounterSettle is how long the probe waits after its last request
+	// before it reads the must-be-zero counters again; 0 means 1 s with
+	// Quick, else 3 s.
+	CounterSettle time.Duration
 	// HTTPClient is used for every request; nil makes one.
 	HTTPClient *http.Client
 	// Progress receives progress lines while the probe runs; nil: none.
@@ -118,6 +122,15 @@ func (c *Config) Validate() error {
 	}
 	if c.Timeout == 0 {
 		c.Timeout = 2 * time.Minute
+	}
+	if c.CounterSettle < 0 {
+		return fmt.Errorf("%w: counter settle time %v must not be negative", ErrConfig, c.CounterSettle)
+	}
+	if c.CounterSettle == 0 {
+		c.CounterSettle = 3 * time.Second
+		if c.Quick {
+			c.CounterSettle = time.Second
+		}
 	}
 	if c.Timeout < 0 {
 		return fmt.Errorf("%w: --timeout %v must be positive", ErrConfig, c.Timeout)
@@ -303,6 +316,16 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r.Checks = append(r.Checks, p.determinism(base, load.replays, after, copies))
 	r.Checks = append(r.Checks, p.errorHygiene(ctx))
 	r.Checks = append(r.Checks, p.overload(ctx))
+	// A server counts an abort's broken promise when it gets to the
+	// aborted work, which may be after the last answer: the counters are
+	// read once the server has had a moment.
+	p.progress.phase("reading the server's counters")
+	if errBefore == nil {
+		select {
+		case <-ctx.Done():
+		case <-time.After(p.cfg.CounterSettle):
+		}
+	}
 	afterM, errAfter := p.scrape(ctx)
 	r.Checks = append(r.Checks, p.counterCheck(before, errBefore, afterM, errAfter))
 	canary, leak := p.canaryCheck(load)

@@ -436,7 +436,7 @@ func TestProbeFakeServer(t *testing.T) {
 			srv := httptest.NewServer(fake)
 			defer srv.Close()
 			keys := cmpOrKeys(tc.keys)
-			r, err := Run(context.Background(), Config{URL: srv.URL, Keys: keys, Quick: true, Timeout: 10 * time.Second,
+			r, err := Run(context.Background(), Config{URL: srv.URL, Keys: keys, Quick: true, Timeout: 10 * time.Second, CounterSettle: time.Millisecond,
 				OneTenant: tc.oneTenant, Window: tc.window})
 			if err != nil {
 				t.Fatal(err)
