@@ -78,8 +78,9 @@ go test -count=1 -tags pw_mutants -run 'TestAuditCatchesSwappedPage' ./internal/
 # ... and through the gateway's audit (mismatch logged with pages, ~1 s).
 go test -count=1 -tags pw_mutants -run 'TestReplayAuditCatchesSwappedPage' ./internal/node/
 # The probe against serve started as each mutant (with the handoff fault
-# that triggers it, and the fault alone as control), a typo'd mutant
-# refused, and no mutant code in the release binary (~30 s).
+# that triggers it, and the fault alone as control; a and a2 through the
+# server's must-be-zero counters), a typo'd mutant refused, and no mutant
+# code in the release binary (~45 s).
 go test -count=1 -tags pw_mutants -run 'TestProbeCatchesMutants|TestMutantEnvRefusesUnknown|TestReleaseBinaryHasNoMutants' ./internal/cli/
 echo "== go test -race -short (concurrent packages)"
 go test -count=1 -race -short -timeout 20m $(go list ./internal/... | grep -E '/(kvcache|sched|gateway|kernels|engine|node|loadgen|probe|cli|transfer|link|disagg|cluster)($|/)')
