@@ -2,13 +2,11 @@ package engine
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"github.com/pagewarden/pagewarden/internal/goldentest"
 	"math"
 	"os"
-	"sort"
 	"strings"
 	"testing"
 
@@ -140,7 +138,7 @@ func TestKQuantMixesMatchLlamaCpp(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := tensorDigest(f); got != gf.TensorSHA256 {
+			if got := goldentest.TensorSHA256(f); got != gf.TensorSHA256 {
 				t.Fatalf("tensors differ from llama-quantize's %s file: sha256 %s, want %s", gf.Ftype, got, gf.TensorSHA256)
 			}
 			m, err := model.FromGGUF(f)
@@ -160,7 +158,7 @@ func TestKQuantMixesMatchLlamaCpp(t *testing.T) {
 					t.Fatal(err)
 				}
 				for p, top := range seq.Top {
-					lp := exactLogSoftmax(rows[p])
+					lp := goldentest.LogSoftmax(rows[p])
 					for _, e := range top {
 						d := math.Abs(lp[int(e[0])] - e[1])
 						worst = max(worst, d)
@@ -185,39 +183,4 @@ func TestKQuantMixesMatchLlamaCpp(t *testing.T) {
 			t.Logf("%s (%s): largest |logprob - llama.cpp| over the top 5: %.3g; %d of %d above %.2g", gf.Ftype, m.WeightType, worst, over, entries, tol)
 		})
 	}
-}
-
-// tensorDigest is the golden's tensor_sha256 of f.
-func tensorDigest(f *gguf.File) string {
-	names := make([]string, len(f.Tensors))
-	for i := range f.Tensors {
-		names[i] = f.Tensors[i].Name
-	}
-	sort.Strings(names)
-	h := sha256.New()
-	for _, n := range names {
-		ti, _ := f.Tensor(n)
-		fmt.Fprintf(h, "%s\x00%s\x00", n, ti.Type)
-		h.Write(ti.Data)
-	}
-	return hex.EncodeToString(h.Sum(nil))
-}
-
-// exactLogSoftmax is the log-softmax of logits in float64, as the golden's
-// driver computes it.
-func exactLogSoftmax(logits []float32) []float64 {
-	mx := math.Inf(-1)
-	for _, v := range logits {
-		mx = max(mx, float64(v))
-	}
-	var s float64
-	for _, v := range logits {
-		s += math.Exp(float64(v) - mx)
-	}
-	lse := mx + math.Log(s)
-	out := make([]float64, len(logits))
-	for i, v := range logits {
-		out[i] = float64(v) - lse
-	}
-	return out
 }

@@ -5,11 +5,10 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"fmt"
+	"github.com/pagewarden/pagewarden/internal/goldentest"
 	"math"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
 
@@ -132,7 +131,7 @@ func TestArchGoldens(t *testing.T) {
 				t.Fatal(err)
 			}
 			if gm.Ftype != "" {
-				if got := tensorSHA256(f); got != gm.TensorSHA256 {
+				if got := goldentest.TensorSHA256(f); got != gm.TensorSHA256 {
 					t.Fatalf("tensors differ from llama-quantize's %s file: sha256 %s, want %s", gm.Ftype, got, gm.TensorSHA256)
 				}
 			} else if sum := sha256.Sum256(buf.Bytes()); hex.EncodeToString(sum[:]) != gm.GGUFSHA256 {
@@ -156,7 +155,7 @@ func TestArchGoldens(t *testing.T) {
 				for _, mode := range []string{"one step", "decode"} {
 					rows := archLogits(t, m, seq.Tokens, mode == "decode")
 					for p, top := range seq.Top {
-						lp := logSoftmax64(rows[p])
+						lp := goldentest.LogSoftmax(rows[p])
 						for _, e := range top {
 							d := math.Abs(lp[int(e[0])] - e[1])
 							worst = max(worst, d)
@@ -203,39 +202,4 @@ func archLogits(t *testing.T, m *model.Model, tokens []int, decode bool) [][]flo
 		split(r.step(part{s, []int{tok}, model.LogitsLast})[0])
 	}
 	return rows
-}
-
-// logSoftmax64 is the exact log-softmax of logits, as the golden's driver
-// computes it.
-func logSoftmax64(logits []float32) []float64 {
-	mx := math.Inf(-1)
-	for _, v := range logits {
-		mx = max(mx, float64(v))
-	}
-	var s float64
-	for _, v := range logits {
-		s += math.Exp(float64(v) - mx)
-	}
-	lse := mx + math.Log(s)
-	out := make([]float64, len(logits))
-	for i, v := range logits {
-		out[i] = float64(v) - lse
-	}
-	return out
-}
-
-// tensorSHA256 is the golden's tensor_sha256 of f.
-func tensorSHA256(f *gguf.File) string {
-	names := make([]string, len(f.Tensors))
-	for i := range f.Tensors {
-		names[i] = f.Tensors[i].Name
-	}
-	sort.Strings(names)
-	h := sha256.New()
-	for _, n := range names {
-		ti, _ := f.Tensor(n)
-		fmt.Fprintf(h, "%s\x00%s\x00", n, ti.Type)
-		h.Write(ti.Data)
-	}
-	return hex.EncodeToString(h.Sum(nil))
 }
