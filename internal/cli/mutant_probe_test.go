@@ -56,6 +56,8 @@ var probeMutantCases = []probeMutantCase{
 		"second layer: internal/kvcache TestControlSkipScrub"},
 	{name: "e", mutant: "e", why: "not visible: the gateway salts every prefix key with the tenant's cache namespace, so two tenants' keys still differ; " +
 		"second layer: pagewarden_isolation_violations_total (internal/disagg TestMutantPrefixKeyWithoutTenantCaughtByCounter)"},
+	{name: "e2", mutant: "e2", catch: "server-counters", evidence: "pagewarden_isolation_violations_total rose by",
+		why: "with the gateway's salt gone too, the second tenant's identical prompt looks up the first tenant's pages: the pool's ledger refuses the hit and counts it"},
 	{name: "f control: handoffs given up, no mutant", fault: "giveup=4", control: "abort-storm"},
 	{name: "f with handoffs given up", mutant: "f", fault: "giveup=4", catch: "abort-storm", evidence: `finish_reason "length"`},
 	{name: "f without a fault", mutant: "f", why: "not visible: no request is aborted by serve itself without a fault"},

@@ -47,6 +47,8 @@ var mutantSwitches = map[string]mutantSwitch{
 	"c": {"free without writer fence", []func() func(){transfer.DisableDrainCheckForControls}},
 	"d": {"no scrub on release", []func() func(){kvcache.SkipScrubForControls}},
 	"e": {"tenant missing from the prefix-cache key", []func() func(){kvcache.KeyOmitsTenantForControls}},
+	"e2": {"tenant missing from the prefix-cache key at every layer (the pool's key and the gateway's salt)",
+		[]func() func(){kvcache.KeyOmitsTenantForControls, gateway.SaltOmitsNamespaceForControls}},
 	"f": {"HTTP 200 on abort", []func() func(){gateway.OKOnAbortForControls}},
 	"g": {"filled taken from the reservation, not the transfer", []func() func(){transfer.DisableFilledCheckForControls,
 		kvcache.SkipHandoffCheckForControls, sched.TrustReservationForControls}},

@@ -179,7 +179,7 @@ func (c *call) generateN(prompts [][]int, promptParam string, g genParams, newRe
 		params[j] = request.Params{
 			Owner: request.Owner{Tenant: request.Tenant(c.tenant.ID), ID: id}, Prompt: prompt, MaxTokens: maxTokens,
 			Sampling: g.sampling, StopTokens: g.stopTokens, IgnoreEOS: g.ignoreEOS,
-			CacheSalt: c.tenant.CacheNamespace + "|" + g.cacheSalt, Priority: c.tenant.Limits.Priority,
+			CacheSalt: mutantNamespace(c.tenant.CacheNamespace) + "|" + g.cacheSalt, Priority: c.tenant.Limits.Priority,
 		}
 		params[j].Sampling.Seed = g.sampling.Seed + uint64(i) // wraps, as documented
 		k.audited = s.audit.pick(&params[j].Sampling)

@@ -289,7 +289,7 @@ func (c *call) generate(prompts [][]int, promptParam string, g genParams, newRes
 		StopTokens: g.stopTokens, IgnoreEOS: g.ignoreEOS,
 		// The tenant's namespace (fixed length) comes first, so the
 		// client's salt only ever subdivides the tenant's own cache.
-		CacheSalt: c.tenant.CacheNamespace + "|" + g.cacheSalt, Priority: c.tenant.Limits.Priority,
+		CacheSalt: mutantNamespace(c.tenant.CacheNamespace) + "|" + g.cacheSalt, Priority: c.tenant.Limits.Priority,
 	}
 	// An answer picked for the replay audit records each token's
 	// logprobs as it goes out, so the engine computes them for it.

@@ -31,3 +31,23 @@ func mutantResult(res request.Result) request.Result {
 	}
 	return res
 }
+
+// SaltOmitsNamespaceForControls drops the tenant's cache namespace from
+// the prefix-cache salt the gateway puts on every request, so that with
+// kvcache.KeyOmitsTenantForControls two tenants' identical prompts get the
+// same prefix keys (a tenant missing from the key at every layer). Restore
+// after.
+func SaltOmitsNamespaceForControls() (restore func()) {
+	saltOmitsNamespace.Store(true)
+	return func() { saltOmitsNamespace.Store(false) }
+}
+
+var saltOmitsNamespace atomic.Bool
+
+// mutantNamespace is the hook on the tenant's cache namespace in the salt.
+func mutantNamespace(ns string) string {
+	if saltOmitsNamespace.Load() {
+		return ""
+	}
+	return ns
+}
