@@ -57,8 +57,20 @@ func TestLostSessionDrains(t *testing.T) {
 	url := "http://" + gw.await(t, `listening on http://(127\.0\.0\.1:\d+)`)
 	key := gw.await(t, `API key \(shown once\): (\S+)`)
 
-	const long, prompt = 5000, "Once upon a time"
+	// The request in flight must outlast the node's loss of its session
+	// (the 2 s TTL plus keep-alive detection, a few seconds after the
+	// cut): size it from the speed of a 1000-token request, four times as
+	// many tokens as that makes in a second (a longer context decodes
+	// slower, so it runs 6-8 s), so that neither a quiet machine (5000
+	// tokens once finished in 3.2 s, before the loss) nor a loaded one
+	// (minutes) breaks the test.
+	const prompt = "Once upon a time"
 	start := time.Now()
+	if c := complete(http.DefaultClient, url, key, prompt, 1000); c.status != 200 {
+		t.Fatalf("calibration: %d %s", c.status, c.body)
+	}
+	long := min(10000, max(2000, int(4*1000/time.Since(start).Seconds())))
+	start = time.Now()
 	ref := complete(http.DefaultClient, url, key, prompt, long)
 	if ref.status != 200 || ref.text == "" {
 		t.Fatalf("before the cut: %d %s", ref.status, ref.body)
@@ -93,7 +105,7 @@ func TestLostSessionDrains(t *testing.T) {
 		if c.status != 200 || c.text != ref.text {
 			t.Errorf("the request in flight at the cut: %d (%d bytes of text, %d before), want 200 with the same text: %.300s", c.status, len(c.text), len(ref.text), c.body)
 		}
-	case <-time.After(60 * time.Second):
+	case <-time.After(120 * time.Second):
 		t.Fatal("the request in flight never ended")
 	}
 	if code := d0.exited(t, 30*time.Second); code == 0 {
