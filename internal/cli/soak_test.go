@@ -17,7 +17,7 @@ import (
 	"github.com/pagewarden/pagewarden/internal/transfer"
 )
 
-// soakEnv sets the canary soak's canary trials per tenant (default 12 in
+// soakEnv sets the canary soak's canary trials per tenant (default 30 in
 // the normal suite; PAGEWARDEN_SOAK=500 is a long run on demand).
 const soakEnv = "PAGEWARDEN_SOAK"
 
@@ -39,7 +39,7 @@ func TestCanarySoak(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts five processes and runs the probe")
 	}
-	trials := 12
+	trials := 30
 	if v := os.Getenv(soakEnv); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {
