@@ -207,7 +207,7 @@ func TestMutantEnvRefusesUnknown(t *testing.T) {
 	for _, tc := range []struct {
 		env, want string
 	}{
-		{mutantEnv + "=h", `unknown mutant "h": want one of a, a2, b, c, d, e, f, g`},
+		{mutantEnv + "=h", `unknown mutant "h": want one of a, a2, b, c, d, e, e2, f, g`},
 		{mutantEnv + "=A", `unknown mutant "A"`},
 		{mutantFaultEnv + "=torn=0", "want giveup=N, torn=N or short=N"},
 		{mutantFaultEnv + "=drop=3", "want giveup=N, torn=N or short=N"},
