@@ -11,41 +11,51 @@ import (
 )
 
 // TestGeneratedAssemblyUpToDate: the committed assembly and its Go
-// declarations are exactly what asmgen.go writes, so nobody edits the
-// generated files by hand or changes the generator without regenerating.
+// declarations are exactly what the generators write, so nobody edits the
+// generated files by hand or changes a generator without regenerating.
 func TestGeneratedAssemblyUpToDate(t *testing.T) {
 	if testing.Short() {
-		t.Skip("-short: runs the generator with the go command")
+		t.Skip("-short: runs the generators with the go command")
 	}
 	goCmd, err := exec.LookPath("go")
 	if err != nil {
-		t.Skip("no go command on PATH to run asmgen.go")
+		t.Skip("no go command on PATH to run the generators")
 	}
-	dir := t.TempDir()
-	src, err := os.ReadFile("asmgen.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "asmgen.go"), src, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(goCmd, "run", "asmgen.go")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GO111MODULE=off", "GOFLAGS=")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go run asmgen.go: %v\n%s", err, out)
-	}
-	for _, f := range []string{"gemm_amd64.s", "gemm_stubs_amd64.go", "vec_avx2_amd64.s"} {
-		want, err := os.ReadFile(filepath.Join(dir, f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(got, want) {
-			t.Errorf("%s differs from what asmgen.go writes: run go generate in internal/kernels", f)
-		}
+	for _, gen := range []struct {
+		src   string
+		files []string
+	}{
+		{"asmgen.go", []string{"gemm_amd64.s", "gemm_stubs_amd64.go", "vec_avx2_amd64.s"}},
+		{"attngen.go", []string{"attn_amd64.s", "attn_stubs_amd64.go"}},
+	} {
+		t.Run(gen.src, func(t *testing.T) {
+			dir := t.TempDir()
+			src, err := os.ReadFile(gen.src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, gen.src), src, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command(goCmd, "run", gen.src)
+			cmd.Dir = dir
+			cmd.Env = append(os.Environ(), "GO111MODULE=off", "GOFLAGS=")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("go run %s: %v\n%s", gen.src, err, out)
+			}
+			for _, f := range gen.files {
+				want, err := os.ReadFile(filepath.Join(dir, f))
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := os.ReadFile(f)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(got, want) {
+					t.Errorf("%s differs from what %s writes: run go generate in internal/kernels", f, gen.src)
+				}
+			}
+		})
 	}
 }
