@@ -59,7 +59,10 @@ func TestAuditCatchesSwappedPage(t *testing.T) {
 			}
 			n, _ := lpNode(t, m)
 			// Prompts of 40 to 60 tokens (pages of 16): every answer's
-			// first page is full before it generates.
+			// first page is full before it generates. Tenant a generates
+			// longer, so that its pages (the ones b's sequences are handed)
+			// usually outlive b's sequences.
+			maxTokens := map[request.Tenant]int{"a": 40, "b": 24}
 			work := func() ([]auditRecord, map[request.Owner]error) {
 				var mu sync.Mutex
 				var recs []auditRecord
@@ -73,7 +76,7 @@ func TestAuditCatchesSwappedPage(t *testing.T) {
 						prompt := m.Tokenizer.Encode(fmt.Sprintf("Request %d of tenant %s: %s", i, tenant,
 							"once upon a time there was a little model that read only its own pages and nobody else's, every day"), true, false)
 						owner := request.Owner{Tenant: tenant, ID: request.NewID()}
-						ids, lps, err := lpTry(n, request.Params{Owner: owner, Prompt: prompt, MaxTokens: 24, IgnoreEOS: true,
+						ids, lps, err := lpTry(n, request.Params{Owner: owner, Prompt: prompt, MaxTokens: maxTokens[tenant], IgnoreEOS: true,
 							Sampling: request.Sampling{Temperature: 0.8, Seed: uint64(i), Logprobs: true, TopLogprobs: 5}})
 						mu.Lock()
 						if err != nil {
@@ -99,12 +102,24 @@ func TestAuditCatchesSwappedPage(t *testing.T) {
 					t.Errorf("clean answer of %v: its re-score differs (max |Δ| %.3g): a false alarm", r.owner, d)
 				}
 			}
-			swapped, restore := kvcache.SwapPageForControls("b")
-			recs, failed = work()
-			restore()
-			hit := map[request.Owner]kvcache.SwapRecord{}
-			for _, s := range swapped() {
-				hit[s.Owner] = s
+			// A contaminated sequence that reads its foreign page after the
+			// owner released it meets the scrub's NaN and fails instead of
+			// answering; on a loaded machine that can be all of them, so the
+			// control is run again (up to three times) until one answered.
+			var hit map[request.Owner]kvcache.SwapRecord
+			for attempt := 1; ; attempt++ {
+				swapped, restore := kvcache.SwapPageForControls("b")
+				recs, failed = work()
+				restore()
+				hit = map[request.Owner]kvcache.SwapRecord{}
+				for _, s := range swapped() {
+					hit[s.Owner] = s
+				}
+				answered := slices.ContainsFunc(recs, func(r auditRecord) bool { _, ok := hit[r.owner]; return ok })
+				if answered || attempt == 3 {
+					break
+				}
+				t.Logf("attempt %d: every contaminated sequence (%d) failed on a poisoned page; running the control again", attempt, len(failed))
 			}
 			for o, err := range failed {
 				if _, ok := hit[o]; !ok {
