@@ -55,8 +55,12 @@ func main() {
 		qVNNI("Q8", w)
 		qVNNI("Q4", w)
 	}
+	qVNNIx2("Q8")
+	qVNNIx2("Q4")
 	qAVX2("Q8")
 	qAVX2("Q4")
+	qAVX2x2("Q8")
+	qAVX2x2("Q4")
 	for _, qa := range qAVX2Shapes {
 		qAVX2Multi("Q8", qa[0], qa[1])
 		qAVX2Multi("Q4", qa[0], qa[1])
@@ -103,7 +107,9 @@ func main() {
 		}
 	}
 	for _, k := range []string{"Q8", "Q4"} {
+		fmt.Fprintf(&g, "//go:noescape\nfunc gemm%sVNNIw1x2(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, pairs int, out *float32)\n\n", k)
 		fmt.Fprintf(&g, "//go:noescape\nfunc gemm%sAVX2(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, width int, out *float32)\n\n", k)
+		fmt.Fprintf(&g, "//go:noescape\nfunc gemm%sAVX2x2(w, w2 *byte, wd, wd2 *uint16, xq *int8, xd *float32, xc *int32, nb int, out, out2 *float32)\n\n", k)
 	}
 	for _, qa := range qAVX2Shapes {
 		for _, k := range []string{"Q8", "Q4"} {
@@ -294,6 +300,245 @@ func qVNNI(kind string, w int) {
 	p("\tDECQ BX")
 	p("\tJNZ %s_group", name)
 	p("%s_done:", name)
+	p("\tVZEROUPPER")
+	p("\tRET")
+	p("")
+}
+
+// qVNNIx2 emits the matrix-vector form of qVNNI's one-activation tile
+// over two streams of weight groups: pairs groups [0, pairs) and [pairs,
+// 2*pairs) are computed side by side, group g with group pairs+g, each
+// with exactly the arithmetic of gemm%sVNNIw1 (the same integer chains,
+// scale products and block order). Two long sequential streams keep more
+// reads in flight than one: in a scratch benchmark from DRAM (Q8_0
+// 5632x2048, one core, a loaded machine) 24 GB/s against 19.
+//
+// Registers: stream A Z30 scales, Z12/Z13 integer sums, Z24/Z25 weights,
+// Z0 float sums; stream B Z29, Z14/Z15, Z26/Z27, Z1; Z28 scale temp, Z31
+// the byte constant.
+func qVNNIx2(kind string) {
+	name := fmt.Sprintf("gemm%sVNNIw1x2", kind)
+	gb := 512
+	if kind == "Q4" {
+		gb = 256
+	}
+	p("// func %s(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, pairs int, out *float32)", name)
+	p("//")
+	p("// gemm%sVNNIw1 over 2*pairs groups read as two streams: group g beside", kind)
+	p("// group pairs+g, each with gemm%sVNNIw1's arithmetic.", kind)
+	p("TEXT ·%s(SB), NOSPLIT, $0-64", name)
+	p("\tMOVQ w+0(FP), SI")
+	p("\tMOVQ wd+8(FP), R8")
+	p("\tMOVQ pairs+48(FP), BX")
+	p("\tMOVQ out+56(FP), R11")
+	if kind == "Q8" {
+		p("\tVPBROADCASTD gemmq8bias<>(SB), Z31")
+	} else {
+		p("\tVPBROADCASTD gemmnib<>(SB), Z31")
+	}
+	p("\tTESTQ BX, BX")
+	p("\tJZ %s_done", name)
+	p("\tMOVQ BX, R14")
+	p("\tIMULQ nb+40(FP), R14 // blocks of one stream")
+	p("\tMOVQ R14, R15")
+	p("\tIMULQ $%d, R14", gb)
+	p("\tADDQ SI, R14 // stream B's weights")
+	p("\tSHLQ $5, R15")
+	p("\tADDQ R8, R15 // and scales")
+	p("\tMOVQ BX, R12")
+	p("\tSHLQ $6, R12")
+	p("\tADDQ R11, R12 // and outputs")
+	p("%s_group:", name)
+	p("\tMOVQ xq+16(FP), DI")
+	p("\tMOVQ xd+24(FP), R9")
+	p("\tMOVQ xc+32(FP), R10")
+	p("\tMOVQ nb+40(FP), CX")
+	p("\tVPXORD Z0, Z0, Z0")
+	p("\tVPXORD Z1, Z1, Z1")
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_store", name)
+	p("%s_loop:", name)
+	p("\tVCVTPH2PS (R8), Z30")
+	p("\tVCVTPH2PS (R15), Z29")
+	p("\tVPBROADCASTD (R10), Z12")
+	p("\tVMOVDQA32 Z12, Z14")
+	p("\tVPXORD Z13, Z13, Z13")
+	p("\tVPXORD Z15, Z15, Z15")
+	streams := []struct {
+		w       string
+		wa, acc int
+	}{{"SI", 24, 12}, {"R14", 26, 14}}
+	if kind == "Q8" {
+		for k4 := 0; k4 < 8; k4++ {
+			for _, st := range streams {
+				wr := st.wa + k4%2
+				p("\tVPXORD %d(%s), Z31, Z%d", 64*k4, st.w, wr)
+				p("\tVPDPBUSD.BCST %d(DI), Z%d, Z%d", 4*k4, wr, st.acc+k4%2)
+			}
+		}
+	} else {
+		for j := 0; j < 4; j++ {
+			for _, st := range streams {
+				p("\tVMOVDQU32 %d(%s), Z%d", 64*j, st.w, st.wa)
+				p("\tVPSRLW $4, Z%d, Z%d", st.wa, st.wa+1)
+				p("\tVPANDD Z31, Z%d, Z%d", st.wa, st.wa)
+				p("\tVPANDD Z31, Z%d, Z%d", st.wa+1, st.wa+1)
+				p("\tVPDPBUSD.BCST %d(DI), Z%d, Z%d", 4*j, st.wa, st.acc+j%2)
+				p("\tVPDPBUSD.BCST %d(DI), Z%d, Z%d", 4*(j+4), st.wa+1, st.acc+(j+1)%2)
+			}
+		}
+	}
+	for i, sc := range []int{30, 29} {
+		acc := 12 + 2*i
+		p("\tVPADDD Z%d, Z%d, Z%d", acc+1, acc, acc)
+		p("\tVCVTDQ2PS Z%d, Z%d", acc, acc)
+		p("\tVMULPS.BCST (R9), Z%d, Z28", sc)
+		p("\tVMULPS Z28, Z%d, Z%d", acc, acc)
+		p("\tVADDPS Z%d, Z%d, Z%d", acc, i, i)
+	}
+	p("\tADDQ $%d, SI", gb)
+	p("\tADDQ $%d, R14", gb)
+	p("\tADDQ $32, R8")
+	p("\tADDQ $32, R15")
+	p("\tADDQ $32, DI")
+	p("\tADDQ $4, R9")
+	p("\tADDQ $4, R10")
+	p("\tDECQ CX")
+	p("\tJNZ %s_loop", name)
+	p("%s_store:", name)
+	p("\tVMOVUPS Z0, (R11)")
+	p("\tVMOVUPS Z1, (R12)")
+	p("\tADDQ $64, R11")
+	p("\tADDQ $64, R12")
+	p("\tDECQ BX")
+	p("\tJNZ %s_group", name)
+	p("%s_done:", name)
+	p("\tVZEROUPPER")
+	p("\tRET")
+	p("")
+}
+
+// qAVX2x2 emits qAVX2's 16-row x 1-activation tile for two weight groups
+// at once (two sequential streams, as qVNNIx2), each with exactly
+// gemm%sAVX2's arithmetic, for an activation row of a group of width 1.
+//
+// Registers: stream A Y0/Y1 integer and Y8/Y9 float sums, stream B Y6/Y7
+// and Y10/Y11; Y2 the broadcast activation group, Y3-Y5 temporaries (Q4:
+// Y3/Y4 the nibbles), Y13/Y14 the scales of the stream being finished,
+// Y12 the nibble mask, Y15 the 16-bit ones.
+func qAVX2x2(kind string) {
+	name := fmt.Sprintf("gemm%sAVX2x2", kind)
+	p("// func %s(w, w2 *byte, wd, wd2 *uint16, xq *int8, xd *float32, xc *int32, nb int, out, out2 *float32)", name)
+	p("//")
+	p("// gemm%sAVX2 (width 1) for two weight groups side by side, read as two", kind)
+	p("// sequential streams: out = group w . x, out2 = group w2 . x.")
+	p("TEXT ·%s(SB), NOSPLIT, $0-80", name)
+	p("\tMOVQ w+0(FP), SI")
+	p("\tMOVQ w2+8(FP), R14")
+	p("\tMOVQ wd+16(FP), R8")
+	p("\tMOVQ wd2+24(FP), R15")
+	p("\tMOVQ xq+32(FP), DI")
+	p("\tMOVQ xd+40(FP), R9")
+	p("\tMOVQ xc+48(FP), R10")
+	p("\tMOVQ nb+56(FP), CX")
+	p("\tVPBROADCASTD gemmones16<>(SB), Y15")
+	p("\tVPBROADCASTD gemmnib<>(SB), Y12")
+	for _, r := range []int{8, 9, 10, 11} {
+		p("\tVXORPS Y%d, Y%d, Y%d", r, r, r)
+	}
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_done", name)
+	p("%s_loop:", name)
+	if kind == "Q8" {
+		for _, r := range []int{0, 1, 6, 7} {
+			p("\tVPXOR Y%d, Y%d, Y%d", r, r, r)
+		}
+	} else {
+		p("\tVPBROADCASTD (R10), Y0")
+		p("\tVMOVDQA Y0, Y1")
+		p("\tVMOVDQA Y0, Y6")
+		p("\tVMOVDQA Y0, Y7")
+	}
+	half := func(src string, acc int) {
+		if kind == "Q8" {
+			p("\tVMOVDQU %s, Y3", src)
+			p("\tVPABSB Y3, Y4")
+			p("\tVPSIGNB Y3, Y2, Y5")
+			p("\tVPMADDUBSW Y5, Y4, Y5")
+		} else {
+			p("\tVPMADDUBSW Y2, %s, Y5", src)
+		}
+		p("\tVPMADDWD Y15, Y5, Y5")
+		p("\tVPADDD Y5, Y%d, Y%d", acc, acc)
+	}
+	streams := []struct {
+		w    string
+		accs [2]int
+	}{{"SI", [2]int{0, 1}}, {"R14", [2]int{6, 7}}}
+	if kind == "Q8" {
+		for k4 := 0; k4 < 8; k4++ {
+			p("\tVPBROADCASTD %d(DI), Y2", 4*k4)
+			for _, st := range streams {
+				half(fmt.Sprintf("%d(%s)", 64*k4, st.w), st.accs[0])
+				half(fmt.Sprintf("%d(%s)", 64*k4+32, st.w), st.accs[1])
+			}
+		}
+	} else {
+		// Nibbles of group j: low = k-group j, high = k-group j+4.
+		for j := 0; j < 4; j++ {
+			for _, st := range streams {
+				for h := 0; h < 2; h++ {
+					p("\tVMOVDQU %d(%s), Y3", 64*j+32*h, st.w)
+					p("\tVPSRLW $4, Y3, Y4")
+					p("\tVPAND Y12, Y3, Y3")
+					p("\tVPAND Y12, Y4, Y4")
+					p("\tVPBROADCASTD %d(DI), Y2", 4*j)
+					half("Y3", st.accs[h])
+					p("\tVPBROADCASTD %d(DI), Y2", 4*(j+4))
+					half("Y4", st.accs[h])
+				}
+			}
+		}
+	}
+	p("\tVBROADCASTSS (R9), Y5")
+	for i, st := range []struct {
+		wd     string
+		ia, ib int
+		fa, fb int
+	}{{"R8", 0, 1, 8, 9}, {"R15", 6, 7, 10, 11}} {
+		_ = i
+		p("\tVCVTPH2PS (%s), Y14", st.wd)
+		p("\tVCVTPH2PS 16(%s), Y13", st.wd)
+		p("\tVMULPS Y5, Y14, Y14")
+		p("\tVMULPS Y5, Y13, Y13")
+		p("\tVCVTDQ2PS Y%d, Y%d", st.ia, st.ia)
+		p("\tVCVTDQ2PS Y%d, Y%d", st.ib, st.ib)
+		p("\tVMULPS Y14, Y%d, Y%d", st.ia, st.ia)
+		p("\tVMULPS Y13, Y%d, Y%d", st.ib, st.ib)
+		p("\tVADDPS Y%d, Y%d, Y%d", st.ia, st.fa, st.fa)
+		p("\tVADDPS Y%d, Y%d, Y%d", st.ib, st.fb, st.fb)
+	}
+	if kind == "Q8" {
+		p("\tADDQ $512, SI")
+		p("\tADDQ $512, R14")
+	} else {
+		p("\tADDQ $256, SI")
+		p("\tADDQ $256, R14")
+	}
+	p("\tADDQ $32, R8")
+	p("\tADDQ $32, R15")
+	p("\tADDQ $32, DI")
+	p("\tADDQ $4, R9")
+	p("\tADDQ $4, R10")
+	p("\tDECQ CX")
+	p("\tJNZ %s_loop", name)
+	p("%s_done:", name)
+	p("\tMOVQ out+64(FP), R11")
+	p("\tVMOVUPS Y8, (R11)")
+	p("\tVMOVUPS Y9, 32(R11)")
+	p("\tMOVQ out2+72(FP), R11")
+	p("\tVMOVUPS Y10, (R11)")
+	p("\tVMOVUPS Y11, 32(R11)")
 	p("\tVZEROUPPER")
 	p("\tRET")
 	p("")
@@ -1195,57 +1440,53 @@ func f32AVX2Kernel(a int) {
 func f32AVX2Rows1() {
 	p("// func gemmF32AVX2Rows1(w *float32, ws int, x *float32, cols, kc, nrows int, dst *float32)")
 	p("//")
-	p("// dst[r] = w_r . x for nrows rows ws bytes apart, one row at a time, with")
-	p("// the arithmetic of the AVX2 4 x a tiles for one output: per column chunk")
+	p("// dst[r] = w_r . x for nrows (even) rows ws bytes apart, with the")
+	p("// arithmetic of the AVX2 4 x a tiles for one output: per column chunk")
 	p("// of kc, lane j sums columns j mod 8 in order (masked tail), the lanes")
 	p("// are folded as their VHADDPS tree folds them, ((0+1)+(2+3)) +")
 	p("// ((4+5)+(6+7)), and the chunk sums are added in order to a total that")
-	p("// starts at +0. One row at a time keeps the weights one sequential")
-	p("// stream, which the hardware prefetchers follow best: interleaving four")
-	p("// rows (four streams, one chain each) streamed 21-25 GB/s from DRAM on")
-	p("// 576-column matrices where this streams 27-33, as fast as the AVX-512")
-	p("// kernel, although one FMA chain per row bounds it at 8 bytes a cycle.")
+	p("// starts at +0. As gemmF32Rows1 (f32rows_amd64.s), the rows are read as")
+	p("// two long sequential streams, the first half of them and the second,")
+	p("// one row of each at a time: that kept 35 GB/s from DRAM on one core")
+	p("// where four interleaved neighbouring rows kept 21-25.")
 	p("TEXT ·gemmF32AVX2Rows1(SB), NOSPLIT, $0-56")
 	p("\tMOVQ w+0(FP), SI")
 	p("\tMOVQ ws+8(FP), R8")
-	p("\tMOVQ x+16(FP), R9")
-	p("\tMOVQ cols+24(FP), R10")
-	p("\tMOVQ kc+32(FP), R12")
 	p("\tMOVQ nrows+40(FP), BX")
 	p("\tMOVQ dst+48(FP), R11")
 	p("\tLEAQ gemmtailmask<>(SB), R15")
+	p("\tSHRQ $1, BX // row pairs")
 	p("\tTESTQ BX, BX")
 	p("\tJZ avx2rows1_done")
+	p("\tMOVQ BX, R10")
+	p("\tIMULQ R8, R10")
+	p("\tADDQ SI, R10 // the second stream's rows")
+	p("\tLEAQ (R11)(BX*4), R12 // and their outputs")
 	p("avx2rows1_row:")
 	p("\tMOVQ SI, AX")
-	p("\tMOVQ R9, DI")
-	p("\tMOVQ R10, DX")
+	p("\tMOVQ R10, R14")
+	p("\tMOVQ x+16(FP), DI")
+	p("\tMOVQ cols+24(FP), DX")
 	p("\tVXORPS X8, X8, X8")
+	p("\tVXORPS X9, X9, X9")
 	p("avx2rows1_chunk:")
-	p("\tMOVQ R12, CX")
+	p("\tMOVQ kc+32(FP), CX")
 	p("\tCMPQ DX, CX")
 	p("\tCMOVQLT DX, CX")
 	p("\tSUBQ CX, DX")
 	p("\tVXORPS Y0, Y0, Y0")
-	p("avx2rows1_loop16:")
-	p("\tCMPQ CX, $16")
-	p("\tJL avx2rows1_loop8")
-	p("\tVMOVUPS (DI), Y6")
-	p("\tVFMADD231PS (AX), Y6, Y0")
-	p("\tVMOVUPS 32(DI), Y7")
-	p("\tVFMADD231PS 32(AX), Y7, Y0")
-	p("\tADDQ $64, AX")
-	p("\tADDQ $64, DI")
-	p("\tSUBQ $16, CX")
-	p("\tJMP avx2rows1_loop16")
-	p("avx2rows1_loop8:")
+	p("\tVXORPS Y1, Y1, Y1")
+	p("avx2rows1_loop:")
 	p("\tCMPQ CX, $8")
 	p("\tJL avx2rows1_tail")
 	p("\tVMOVUPS (DI), Y6")
 	p("\tVFMADD231PS (AX), Y6, Y0")
+	p("\tVFMADD231PS (R14), Y6, Y1")
 	p("\tADDQ $32, AX")
+	p("\tADDQ $32, R14")
 	p("\tADDQ $32, DI")
 	p("\tSUBQ $8, CX")
+	p("\tJMP avx2rows1_loop")
 	p("avx2rows1_tail:")
 	p("\tTESTQ CX, CX")
 	p("\tJZ avx2rows1_reduce")
@@ -1255,20 +1496,27 @@ func f32AVX2Rows1() {
 	p("\tVMASKMOVPS (DI), Y4, Y6")
 	p("\tVMASKMOVPS (AX), Y4, Y5")
 	p("\tVFMADD231PS Y6, Y5, Y0")
-	p("\tSHLQ $2, CX")
-	p("\tADDQ CX, AX")
-	p("\tADDQ CX, DI")
+	p("\tVMASKMOVPS (R14), Y4, Y5")
+	p("\tVFMADD231PS Y6, Y5, Y1")
+	p("\tLEAQ (AX)(CX*4), AX")
+	p("\tLEAQ (R14)(CX*4), R14")
+	p("\tLEAQ (DI)(CX*4), DI")
 	p("avx2rows1_reduce:")
-	p("\tVHADDPS Y0, Y0, Y0")
-	p("\tVHADDPS Y0, Y0, Y0")
-	p("\tVEXTRACTF128 $1, Y0, X5")
-	p("\tVADDSS X5, X0, X0")
-	p("\tVADDSS X8, X0, X8")
+	for r := 0; r < 2; r++ {
+		p("\tVHADDPS Y%d, Y%d, Y%d", r, r, r)
+		p("\tVHADDPS Y%d, Y%d, Y%d", r, r, r)
+		p("\tVEXTRACTF128 $1, Y%d, X5", r)
+		p("\tVADDSS X5, X%d, X%d", r, r)
+		p("\tVADDSS X%d, X%d, X%d", 8+r, r, 8+r)
+	}
 	p("\tTESTQ DX, DX")
 	p("\tJNZ avx2rows1_chunk")
 	p("\tVMOVSS X8, (R11)")
+	p("\tVMOVSS X9, (R12)")
 	p("\tADDQ R8, SI")
+	p("\tADDQ R8, R10")
 	p("\tADDQ $4, R11")
+	p("\tADDQ $4, R12")
 	p("\tDECQ BX")
 	p("\tJNZ avx2rows1_row")
 	p("avx2rows1_done:")

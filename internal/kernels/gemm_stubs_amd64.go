@@ -35,10 +35,22 @@ func gemmQ4KVNNIw4(w *byte, xq *int8, xd *float32, xp *int32, nb, ng int, out *f
 func gemmQ6KVNNIw4(w *byte, xq *int8, xd *float32, xp *int32, nb, ng int, out *float32)
 
 //go:noescape
+func gemmQ8VNNIw1x2(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, pairs int, out *float32)
+
+//go:noescape
 func gemmQ8AVX2(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, width int, out *float32)
 
 //go:noescape
+func gemmQ8AVX2x2(w, w2 *byte, wd, wd2 *uint16, xq *int8, xd *float32, xc *int32, nb int, out, out2 *float32)
+
+//go:noescape
+func gemmQ4VNNIw1x2(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, pairs int, out *float32)
+
+//go:noescape
 func gemmQ4AVX2(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, width int, out *float32)
+
+//go:noescape
+func gemmQ4AVX2x2(w, w2 *byte, wd, wd2 *uint16, xq *int8, xd *float32, xc *int32, nb int, out, out2 *float32)
 
 //go:noescape
 func gemmQ8AVX2w4a4(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, half int, out *float32)

@@ -195,11 +195,23 @@ func qTileVNNI(t quant.Type, width, ng int, w []byte, wd []uint16, xq []int8, xd
 	w, wd, xq, xd, xc = w[:ng*nb*qGroupBytes(t)], wd[:ng*nb*qRows], xq[:nb*qk8*width], xd[:nb*width], xc[:nb*width]
 	var k func(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, ng int, out *float32)
 	q4 := t == quant.Q4_0
+	if width == 1 {
+		// Decode: the groups as two sequential streams (gemm*VNNIw1x2), an
+		// odd last group alone.
+		k, k2 := gemmQ8VNNIw1, gemmQ8VNNIw1x2
+		if q4 {
+			k, k2 = gemmQ4VNNIw1, gemmQ4VNNIw1x2
+		}
+		pairs := ng / 2
+		if pairs > 0 {
+			k2(&w[0], &wd[0], &xq[0], &xd[0], &xc[0], nb, pairs, &out[0])
+		}
+		if g := 2 * pairs; g < ng {
+			k(&w[g*nb*qGroupBytes(t)], &wd[g*nb*qRows], &xq[0], &xd[0], &xc[0], nb, 1, &out[g*qRows])
+		}
+		return
+	}
 	switch {
-	case width == 1 && q4:
-		k = gemmQ4VNNIw1
-	case width == 1:
-		k = gemmQ8VNNIw1
 	case width == 4 && q4:
 		k = gemmQ4VNNIw4
 	case width == 4:
@@ -231,11 +243,18 @@ func qTileAVX2(t quant.Type, width, ng int, w []byte, wd []uint16, xq []int8, xd
 	w, wd, xq, xd, xc = w[:ng*nb*gb], wd[:ng*nb*qRows], xq[:nb*qk8*width], xd[:nb*width], xc[:nb*width]
 	q4 := t == quant.Q4_0
 	if width == 1 {
-		k := gemmQ8AVX2
+		// Decode: groups g and pairs+g side by side (two sequential
+		// streams, gemm*AVX2x2), an odd last group alone.
+		k, k2 := gemmQ8AVX2, gemmQ8AVX2x2
 		if q4 {
-			k = gemmQ4AVX2
+			k, k2 = gemmQ4AVX2, gemmQ4AVX2x2
 		}
-		for g := 0; g < ng; g++ {
+		pairs := ng / 2
+		for g := 0; g < pairs; g++ {
+			h := g + pairs
+			k2(&w[g*nb*gb], &w[h*nb*gb], &wd[g*nb*qRows], &wd[h*nb*qRows], &xq[0], &xd[0], &xc[0], nb, &out[g*qRows], &out[h*qRows])
+		}
+		if g := 2 * pairs; g < ng {
 			k(&w[g*nb*gb], &wd[g*nb*qRows], &xq[0], &xd[0], &xc[0], nb, width, &out[g*qRows])
 		}
 		return
@@ -290,8 +309,8 @@ func gemmF32AVX512(dst []float32, ds int, w []float32, cols, r0, r1 int, x []flo
 }
 
 // gemmF32AVX2 is gemmF32AVX512 with the AVX2 kernels: one activation row
-// takes gemmF32AVX2Rows1 (one weight stream, the 4 x a tiles' arithmetic,
-// so its outputs are the bits it gets in any batch).
+// takes gemmF32AVX2Rows1 (two long weight streams, the 4 x a tiles'
+// arithmetic, so its outputs are the bits it gets in any batch).
 func gemmF32AVX2(dst []float32, ds int, w []float32, cols, r0, r1 int, x []float32, n int) {
 	if n <= 0 || r1 <= r0 {
 		return
