@@ -64,8 +64,12 @@
 //     type's kernels grow to that type's size: Q5_0, Q5_1 and Q5_K by about
 //     60%, Q4_1 and IQ4_NL by 90%, IQ4_XS by 130%, Q3_K by 150% and Q2_K by
 //     250% (the price of exact products without new assembly).
-//     F32, F16 and BF16 alias the caller's memory. Row still returns each
-//     row exactly as GGML would dequantise it.
+//     F32, F16 and BF16 alias the caller's memory below 4 MiB and are
+//     copied above. Row still returns each row exactly as GGML would
+//     dequantise it. Every buffer of 4 MiB or more is asked of the
+//     operating system as transparent huge pages (huge.go): streaming
+//     weights on 4 KiB pages costs a TLB miss per page, which a virtual
+//     machine pays twice.
 //   - AttnGemm (attention's queries x keys and weights x values) sums each
 //     output as one FMA chain in k order on every tier, so A x B and
 //     (Bᵀ x Aᵀ)ᵀ have the same bits when their columns are whole vectors

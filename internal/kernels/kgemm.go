@@ -67,7 +67,7 @@ func (m *Matrix) repackK(data []byte) {
 	nb := m.cols / qkK
 	groups := (m.rows + qRows - 1) / qRows
 	rec := kRecBytes(m.typ)
-	m.kw = make([]byte, groups*nb*rec)
+	m.kw = makeHuge[byte](groups * nb * rec)
 	var vals [qkK]int8
 	for r := 0; r < m.rows; r++ {
 		g, rr := r/qRows, r%qRows

@@ -21,10 +21,10 @@ var (
 // products. Row r holds the weights of output r; Cols is the contiguous
 // (GGML ne0) dimension.
 //
-// F32, F16 and BF16 matrices alias the data given to NewMatrix (when it is
-// suitably aligned), so the caller must keep that memory mapped and
-// unchanged for the Matrix's lifetime. Quantised matrices are repacked into
-// their own memory.
+// F32, F16 and BF16 matrices under 4 MiB alias the data given to NewMatrix
+// (when it is suitably aligned), so the caller must keep that memory mapped
+// and unchanged for the Matrix's lifetime; larger ones are copied onto huge
+// pages (huge.go), as quantised matrices are repacked into their own memory.
 type Matrix struct {
 	typ        quant.Type
 	kind       quant.Type // the type whose kernels compute the product (matrix_ext.go)
@@ -83,8 +83,18 @@ func NewMatrix(t quant.Type, rows, cols int, data []byte) (*Matrix, error) {
 	switch t {
 	case quant.F32:
 		m.f32 = viewF32(data)
+		if len(data) >= hugeMin {
+			buf := makeHuge[float32](len(m.f32))
+			copy(buf, m.f32)
+			m.f32 = buf
+		}
 	case quant.F16, quant.BF16:
 		m.u16 = viewU16(data)
+		if len(data) >= hugeMin {
+			buf := makeHuge[uint16](len(m.u16))
+			copy(buf, m.u16)
+			m.u16 = buf
+		}
 	case quant.Q8_0, quant.Q4_0:
 		m.repackQ(data)
 	case quant.Q4_K, quant.Q6_K:
@@ -92,6 +102,7 @@ func NewMatrix(t quant.Type, rows, cols int, data []byte) (*Matrix, error) {
 	default:
 		m.prepareExt(data)
 	}
+	m.settleHuge()
 	return m, nil
 }
 

@@ -78,8 +78,8 @@ func (m *Matrix) repackQ(data []byte) {
 	nb := m.cols / qk8
 	groups := (m.rows + qRows - 1) / qRows
 	gb := qGroupBytes(m.typ)
-	m.qw = make([]byte, groups*nb*gb)
-	m.qd = make([]uint16, groups*nb*qRows)
+	m.qw = makeHuge[byte](groups * nb * gb)
+	m.qd = makeHuge[uint16](groups * nb * qRows)
 	blkBytes := m.typ.BlockBytes()
 	for r := 0; r < m.rows; r++ {
 		g, rr := r/qRows, r%qRows
