@@ -459,18 +459,6 @@ func qAVX2x2(kind string) {
 		p("\tVMOVDQA Y0, Y6")
 		p("\tVMOVDQA Y0, Y7")
 	}
-	half := func(src string, acc int) {
-		if kind == "Q8" {
-			p("\tVMOVDQU %s, Y3", src)
-			p("\tVPABSB Y3, Y4")
-			p("\tVPSIGNB Y3, Y2, Y5")
-			p("\tVPMADDUBSW Y5, Y4, Y5")
-		} else {
-			p("\tVPMADDUBSW Y2, %s, Y5", src)
-		}
-		p("\tVPMADDWD Y15, Y5, Y5")
-		p("\tVPADDD Y5, Y%d, Y%d", acc, acc)
-	}
 	streams := []struct {
 		w    string
 		accs [2]int
@@ -479,8 +467,8 @@ func qAVX2x2(kind string) {
 		for k4 := 0; k4 < 8; k4++ {
 			p("\tVPBROADCASTD %d(DI), Y2", 4*k4)
 			for _, st := range streams {
-				half(fmt.Sprintf("%d(%s)", 64*k4, st.w), st.accs[0])
-				half(fmt.Sprintf("%d(%s)", 64*k4+32, st.w), st.accs[1])
+				qAVX2Half(kind, fmt.Sprintf("%d(%s)", 64*k4, st.w), st.accs[0])
+				qAVX2Half(kind, fmt.Sprintf("%d(%s)", 64*k4+32, st.w), st.accs[1])
 			}
 		}
 	} else {
@@ -493,9 +481,9 @@ func qAVX2x2(kind string) {
 					p("\tVPAND Y12, Y3, Y3")
 					p("\tVPAND Y12, Y4, Y4")
 					p("\tVPBROADCASTD %d(DI), Y2", 4*j)
-					half("Y3", st.accs[h])
+					qAVX2Half(kind, "Y3", st.accs[h])
 					p("\tVPBROADCASTD %d(DI), Y2", 4*(j+4))
-					half("Y4", st.accs[h])
+					qAVX2Half(kind, "Y4", st.accs[h])
 				}
 			}
 		}
@@ -544,6 +532,23 @@ func qAVX2x2(kind string) {
 	p("")
 }
 
+// qAVX2Half emits one 8-row step of the AVX2 Q8_0/Q4_0 tiles: Y2 holds
+// the broadcast activation group, src 8 rows x 4 weight bytes; their
+// products are summed into the integer accumulator Y(acc). Y3-Y5 are
+// clobbered.
+func qAVX2Half(kind, src string, acc int) {
+	if kind == "Q8" {
+		p("\tVMOVDQU %s, Y3", src)
+		p("\tVPABSB Y3, Y4")
+		p("\tVPSIGNB Y3, Y2, Y5")
+		p("\tVPMADDUBSW Y5, Y4, Y5")
+	} else {
+		p("\tVPMADDUBSW Y2, %s, Y5", src)
+	}
+	p("\tVPMADDWD Y15, Y5, Y5")
+	p("\tVPADDD Y5, Y%d, Y%d", acc, acc)
+}
+
 // qAVX2 emits the 16-row x 1-activation tile for machines without
 // AVX-512: rows 0-7 and 8-15 in two ymm halves. The activation row sits in
 // a group of width activations, so consecutive 4-byte groups are 4*width
@@ -588,24 +593,11 @@ func qAVX2(kind string) {
 		p("\tVMOVDQA Y0, Y1")
 	}
 	p("\tMOVQ DI, DX")
-	half := func(src string, acc int) {
-		// Y2 = broadcast activation group, src = weights (8 rows x 4 bytes).
-		if kind == "Q8" {
-			p("\tVMOVDQU %s, Y3", src)
-			p("\tVPABSB Y3, Y4")
-			p("\tVPSIGNB Y3, Y2, Y5")
-			p("\tVPMADDUBSW Y5, Y4, Y5")
-		} else {
-			p("\tVPMADDUBSW Y2, %s, Y5", src)
-		}
-		p("\tVPMADDWD Y15, Y5, Y5")
-		p("\tVPADDD Y5, Y%d, Y%d", acc, acc)
-	}
 	if kind == "Q8" {
 		for k4 := 0; k4 < 8; k4++ {
 			p("\tVPBROADCASTD (DX), Y2")
-			half(fmt.Sprintf("%d(SI)", 64*k4), 0)
-			half(fmt.Sprintf("%d(SI)", 64*k4+32), 1)
+			qAVX2Half(kind, fmt.Sprintf("%d(SI)", 64*k4), 0)
+			qAVX2Half(kind, fmt.Sprintf("%d(SI)", 64*k4+32), 1)
 			p("\tADDQ R12, DX")
 		}
 		p("\tADDQ $512, SI")
@@ -621,9 +613,9 @@ func qAVX2(kind string) {
 				p("\tVPAND Y12, Y6, Y6")
 				p("\tVPAND Y12, Y7, Y7")
 				p("\tVPBROADCASTD (DX), Y2")
-				half("Y6", h)
+				qAVX2Half(kind, "Y6", h)
 				p("\tVPBROADCASTD (DX)(R13*1), Y2")
-				half("Y7", h)
+				qAVX2Half(kind, "Y7", h)
 			}
 			p("\tADDQ R12, DX")
 		}
