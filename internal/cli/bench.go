@@ -136,7 +136,7 @@ tokens/s (B*n / decode time, llama-batched-bench's S_TG):
 			if maxP+gen > m.Config.ContextLength {
 				return usagef("-p %d plus -n %d exceed the model's context of %d", maxP, gen, m.Config.ContextLength)
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "kernels: %s\n", strings.Join(tierList, ", "))
+			fmt.Fprintf(cmd.ErrOrStderr(), "kernels: %s (K-quant prefetch %s)\n", strings.Join(tierList, ", "), onOff(kernels.KPrefetch()))
 			if cpuProfile != "" {
 				// Started after the model loads, so the profile is the
 				// measurements (and the bandwidth passes, which are easy
@@ -384,4 +384,12 @@ func decodeBytes(m *model.Model, seqs, prompt, gen, kvElem int) float64 {
 		sum += m.StepBytes(pos, kvElem)
 	}
 	return float64(sum) / float64(seqs*gen)
+}
+
+// onOff spells a setting for a status line.
+func onOff(on bool) string {
+	if on {
+		return "on"
+	}
+	return "off"
 }

@@ -302,7 +302,7 @@ that long.`,
 			signal.Notify(usr1, syscall.SIGUSR1)
 			defer signal.Stop(usr1)
 			announceKey(cmd, key)
-			logger.Info("serving", "disaggregated", !colocated, "addr", ln.Addr().String(), "model", m.Name, "kernels", kernels.Implementation(), "max_context", lim.MaxContext,
+			logger.Info("serving", "disaggregated", !colocated, "addr", ln.Addr().String(), "model", m.Name, "kernels", kernels.Implementation(), "k_prefetch", kernels.KPrefetch(), "max_context", lim.MaxContext,
 				"kv_pages", lim.UsablePages, "page_size", lim.PageSize, "usable_kv_tokens", lim.UsableTokens, "safety_margin", lim.SafetyMargin)
 			fmt.Fprintf(cmd.ErrOrStderr(), "listening on %s://%s\n", tf.scheme(), ln.Addr())
 			srv.Start(ln)

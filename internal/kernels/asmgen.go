@@ -66,15 +66,19 @@ func main() {
 		qAVX2Multi("Q4", qa[0], qa[1])
 	}
 	for _, w := range kWidths {
-		kVNNI("Q4K", w)
-		kVNNI("Q6K", w)
+		kVNNI("Q4K", w, 0)
+		kVNNI("Q6K", w, 0)
 	}
+	kVNNI("Q4K", 1, kPrefetchRecords)
+	kVNNI("Q6K", 1, kPrefetchRecords)
 	for _, ka := range kAVX2Shapes {
 		kAVX2("Q4K", ka[0], ka[1])
 		kAVX2("Q6K", ka[0], ka[1])
 	}
-	kAVX2x16("Q4K")
-	kAVX2x16("Q6K")
+	kAVX2x16("Q4K", 0)
+	kAVX2x16("Q6K", 0)
+	kAVX2x16("Q4K", kPrefetchRecords)
+	kAVX2x16("Q6K", kPrefetchRecords)
 	for a := 1; a <= f32MaxA; a++ {
 		f32Kernel(a)
 	}
@@ -123,6 +127,8 @@ func main() {
 	}
 	for _, k := range []string{"Q4K", "Q6K"} {
 		fmt.Fprintf(&g, "//go:noescape\nfunc gemm%sAVX2x16(w *byte, xq *int8, xd *float32, xp *int32, nb int, out *float32)\n\n", k)
+		fmt.Fprintf(&g, "//go:noescape\nfunc gemm%sAVX2x16pf(w *byte, xq *int8, xd *float32, xp *int32, nb int, out *float32)\n\n", k)
+		fmt.Fprintf(&g, "//go:noescape\nfunc gemm%sVNNIw1pf(w *byte, xq *int8, xd *float32, xp *int32, nb, ng int, out *float32)\n\n", k)
 	}
 	for a := 1; a <= f32MaxA; a++ {
 		fmt.Fprintf(&g, "//go:noescape\nfunc gemmF32x4x%d(w *float32, ws int, x *float32, xs int, k int, dst *float32, ds int)\n\n", a)
@@ -765,8 +771,11 @@ func f32Kernel(a int) {
 // kVNNI emits the 16-row x w-activation tile for Q4_K or Q6_K weights
 // against Q8_K activations over ng consecutive weight groups (layouts in
 // kgemm.go).
-func kVNNI(kind string, w int) {
+func kVNNI(kind string, w, pf int) {
 	name := fmt.Sprintf("gemm%sVNNIw%d", kind, w)
+	if pf > 0 {
+		name += "pf"
+	}
 	rec := 2368
 	if kind == "Q6K" {
 		rec = 4384
@@ -806,6 +815,7 @@ func kVNNI(kind string, w int) {
 	p("\tTESTQ CX, CX")
 	p("\tJZ %s_store", name)
 	p("%s_loop:", name)
+	kPrefetch(pf, rec)
 	xoff := func(k4, i int) int { return k4*4*w + 4*i }
 	xpoff := func(pp, i int) int { return (pp*w + i) * 4 }
 	zero := func(base int) {
@@ -1087,6 +1097,25 @@ func kAVX2(kind string, w, a int) {
 	p("")
 }
 
+// kPrefetchRecords is how many super-block records ahead the K-quant
+// matrix-vector kernels' prefetching variants (name suffix pf) read.
+const kPrefetchRecords = 2
+
+// kPrefetch emits, for a prefetching variant (pf > 0), one PREFETCHT0 per
+// cache line of the record pf records ahead of SI. Whether that helps
+// depends on the machine (on one 2-core EPYC VM it took AVX2 Q4_K from 15
+// to 22-28 GB/s from DRAM, on another an earlier try at 1-4 KiB ahead cut
+// it from 33-37 to 19-24), so both variants exist and
+// kernels.CalibrateKPrefetch picks one by timing them.
+func kPrefetch(pf, rec int) {
+	if pf == 0 {
+		return
+	}
+	for o := 0; o < rec; o += 64 {
+		p("\tPREFETCHT0 %d(SI)", pf*rec+o)
+	}
+}
+
 // kAVX2x16 emits the AVX2 K-quant matrix-vector kernel: all 16 rows of a
 // group x one activation row over nb super-blocks, in one pass over the
 // records (kAVX2 with one activation takes half a group per call, so a
@@ -1100,8 +1129,11 @@ func kAVX2(kind string, w, a int) {
 // scales. It has no software prefetch: the records are one sequential
 // stream, and PREFETCHT0 1, 2 or 4 KiB ahead (one per line) made it
 // slower (Q4_K 32000x2048 from DRAM: 19-24 GB/s with, 33-37 without).
-func kAVX2x16(kind string) {
+func kAVX2x16(kind string, pf int) {
 	name := fmt.Sprintf("gemm%sAVX2x16", kind)
+	if pf > 0 {
+		name += "pf"
+	}
 	rec := 2368
 	if kind == "Q6K" {
 		rec = 4384
@@ -1124,6 +1156,7 @@ func kAVX2x16(kind string) {
 	p("\tTESTQ CX, CX")
 	p("\tJZ %s_store", name)
 	p("%s_loop:", name)
+	kPrefetch(pf, rec)
 	for h := 0; h < 2; h++ {
 		p("\tVPXOR Y%d, Y%d, Y%d", 2+h, 2+h, 2+h)
 		p("\tVPXOR Y%d, Y%d, Y%d", 4+h, 4+h, 4+h)

@@ -74,7 +74,19 @@ func gemmQ6KAVX2w4a2(w *byte, xq *int8, xd *float32, xp *int32, nb, half int, ou
 func gemmQ4KAVX2x16(w *byte, xq *int8, xd *float32, xp *int32, nb int, out *float32)
 
 //go:noescape
+func gemmQ4KAVX2x16pf(w *byte, xq *int8, xd *float32, xp *int32, nb int, out *float32)
+
+//go:noescape
+func gemmQ4KVNNIw1pf(w *byte, xq *int8, xd *float32, xp *int32, nb, ng int, out *float32)
+
+//go:noescape
 func gemmQ6KAVX2x16(w *byte, xq *int8, xd *float32, xp *int32, nb int, out *float32)
+
+//go:noescape
+func gemmQ6KAVX2x16pf(w *byte, xq *int8, xd *float32, xp *int32, nb int, out *float32)
+
+//go:noescape
+func gemmQ6KVNNIw1pf(w *byte, xq *int8, xd *float32, xp *int32, nb, ng int, out *float32)
 
 //go:noescape
 func gemmF32x4x1(w *float32, ws int, x *float32, xs int, k int, dst *float32, ds int)

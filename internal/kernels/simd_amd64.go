@@ -446,8 +446,12 @@ func kTileVNNI(t quant.Type, width, ng int, w []byte, xq []int8, xd []float32, x
 	var k func(w *byte, xq *int8, xd *float32, xp *int32, nb, ng int, out *float32)
 	q6 := t == quant.Q6_K
 	switch {
+	case width == 1 && q6 && kPrefetchOn.Load():
+		k = gemmQ6KVNNIw1pf
 	case width == 1 && q6:
 		k = gemmQ6KVNNIw1
+	case width == 1 && kPrefetchOn.Load():
+		k = gemmQ4KVNNIw1pf
 	case width == 1:
 		k = gemmQ4KVNNIw1
 	case width == 4 && q6:
@@ -542,8 +546,13 @@ func kTileAVX2(t quant.Type, width, ng int, w []byte, xq []int8, xd []float32, x
 	if width == 1 {
 		// Decode: one pass over each group's records, all 16 rows.
 		k := gemmQ4KAVX2x16
-		if q6 {
+		switch pf := kPrefetchOn.Load(); {
+		case q6 && pf:
+			k = gemmQ6KAVX2x16pf
+		case q6:
 			k = gemmQ6KAVX2x16
+		case pf:
+			k = gemmQ4KAVX2x16pf
 		}
 		for g := 0; g < ng; g++ {
 			k(&w[g*nb*rec], &xq[0], &xd[0], &xp[0], nb, &out[g*qRows])

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/pagewarden/pagewarden/internal/gguf"
+	"github.com/pagewarden/pagewarden/internal/kernels"
 	"github.com/pagewarden/pagewarden/internal/llama2c"
 	"github.com/pagewarden/pagewarden/internal/tokenizer"
 )
@@ -28,6 +29,17 @@ func Load(name string, opts Options) (*Model, error) {
 	if name == "" {
 		return nil, errNoModel
 	}
+	m, err := load(name, opts)
+	if err != nil {
+		return nil, err
+	}
+	// Which K-quant kernels stream fastest depends on the machine: time
+	// them on this model's own matrices (large models only).
+	kernels.CalibrateKPrefetch(m.Matrices())
+	return m, nil
+}
+
+func load(name string, opts Options) (*Model, error) {
 	if strings.HasPrefix(name, BuiltinPrefix) {
 		if opts.Tokenizer != "" {
 			return nil, fmt.Errorf("model: %s has its own vocabulary; drop --tokenizer", name)

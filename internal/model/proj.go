@@ -136,22 +136,26 @@ func joinable(a, b *gguf.TensorInfo) bool {
 // embedding row are left out (under 0.1% of a step).
 func (m *Model) StepBytes(positions []int, kvElem int) int64 {
 	var n int64
-	add := func(ms ...*kernels.Matrix) {
-		for _, mx := range ms {
-			n += mx.StreamBytes()
-		}
+	for _, mx := range m.Matrices() {
+		n += mx.StreamBytes()
 	}
-	for i := range m.W.Layers {
-		l := &m.W.Layers[i]
-		add(l.QKV.Matrices()...)
-		add(l.O)
-		add(l.GateUp.Matrices()...)
-		add(l.Down)
-	}
-	add(m.W.Output)
 	perPos := int64(m.Config.Layers) * 2 * int64(m.Config.KVDim()) * int64(kvElem)
 	for _, p := range positions {
 		n += int64(p+1) * perPos
 	}
 	return n
+}
+
+// Matrices lists the weight matrices a decode step streams: every layer's
+// projections and the output.
+func (m *Model) Matrices() []*kernels.Matrix {
+	var ms []*kernels.Matrix
+	for i := range m.W.Layers {
+		l := &m.W.Layers[i]
+		ms = append(ms, l.QKV.Matrices()...)
+		ms = append(ms, l.O)
+		ms = append(ms, l.GateUp.Matrices()...)
+		ms = append(ms, l.Down)
+	}
+	return append(ms, m.W.Output)
 }
