@@ -69,7 +69,10 @@
 //     dequantise it. Every buffer of 4 MiB or more is asked of the
 //     operating system as transparent huge pages (huge.go): streaming
 //     weights on 4 KiB pages costs a TLB miss per page, which a virtual
-//     machine pays twice.
+//     machine pays twice. Decode's F32, Q8_0 and Q4_0 products read a
+//     share as two sequential streams; the K-quant ones exist with and
+//     without software prefetch, and CalibrateKPrefetch keeps whichever
+//     streams faster on the machine (kprefetch.go).
 //   - AttnGemm (attention's queries x keys and weights x values) sums each
 //     output as one FMA chain in k order on every tier, so A x B and
 //     (Bᵀ x Aᵀ)ᵀ have the same bits when their columns are whole vectors
