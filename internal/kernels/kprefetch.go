@@ -28,10 +28,16 @@ func SetKPrefetch(on bool) bool { return kPrefetchOn.Swap(on) }
 
 // kCalibrateMin is the fewest K-quant bytes worth timing: below it the
 // matrices stay in the last-level cache and show nothing of DRAM.
-const kCalibrateMin = 96 << 20
+// kCalibrateMax bounds what is timed, so that a large model's load does
+// not pay six passes over all its weights.
+const (
+	kCalibrateMin = 96 << 20
+	kCalibrateMax = 512 << 20
+)
 
 // CalibrateKPrefetch times one matrix-vector product of every K-quant
-// matrix in ms (one thread, as a decode step streams them), with and
+// matrix in ms, up to kCalibrateMax bytes of them (one thread, as a decode
+// step streams them), with and
 // without prefetching, three rounds interleaved, and keeps the prefetching
 // kernels if their best round is at least 5% faster. It returns the
 // choice and the best times; with fewer than kCalibrateMin bytes of
@@ -42,7 +48,7 @@ func CalibrateKPrefetch(ms []*Matrix) (on bool, without, with time.Duration) {
 	var bytes int64
 	cols, rows := 0, 0
 	for _, m := range ms {
-		if m != nil && m.kw != nil {
+		if m != nil && m.kw != nil && bytes < kCalibrateMax {
 			ks = append(ks, m)
 			bytes += m.StreamBytes()
 			cols, rows = max(cols, m.cols), max(rows, m.rows)
