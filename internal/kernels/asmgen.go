@@ -223,13 +223,7 @@ func qVNNI(kind string, w int) {
 	p("\tMOVQ xc+32(FP), DX")
 	p("\tMOVQ ng+48(FP), BX")
 	p("\tMOVQ out+56(FP), R11")
-	if kind == "Q8" {
-		p("\tVPBROADCASTD gemmq8bias<>(SB), Z31")
-	} else {
-		p("\tVPBROADCASTD gemmnib<>(SB), Z31")
-	}
-	p("\tTESTQ BX, BX")
-	p("\tJZ %s_done", name)
+	qVNNIStart(kind, name)
 	p("%s_group:", name)
 	p("\tMOVQ R13, DI")
 	p("\tMOVQ AX, R9")
@@ -311,6 +305,18 @@ func qVNNI(kind string, w int) {
 	p("")
 }
 
+// qVNNIStart emits the VNNI Q8_0/Q4_0 kernels' byte constant in Z31 (the
+// 0x80 bias or the nibble mask) and their return when BX counts no work.
+func qVNNIStart(kind, name string) {
+	if kind == "Q8" {
+		p("\tVPBROADCASTD gemmq8bias<>(SB), Z31")
+	} else {
+		p("\tVPBROADCASTD gemmnib<>(SB), Z31")
+	}
+	p("\tTESTQ BX, BX")
+	p("\tJZ %s_done", name)
+}
+
 // qVNNIx2 emits the matrix-vector form of qVNNI's one-activation tile
 // over two streams of weight groups: pairs groups [0, pairs) and [pairs,
 // 2*pairs) are computed side by side, group g with group pairs+g, each
@@ -337,13 +343,7 @@ func qVNNIx2(kind string) {
 	p("\tMOVQ wd+8(FP), R8")
 	p("\tMOVQ pairs+48(FP), BX")
 	p("\tMOVQ out+56(FP), R11")
-	if kind == "Q8" {
-		p("\tVPBROADCASTD gemmq8bias<>(SB), Z31")
-	} else {
-		p("\tVPBROADCASTD gemmnib<>(SB), Z31")
-	}
-	p("\tTESTQ BX, BX")
-	p("\tJZ %s_done", name)
+	qVNNIStart(kind, name)
 	p("\tMOVQ BX, R14")
 	p("\tIMULQ nb+40(FP), R14 // blocks of one stream")
 	p("\tMOVQ R14, R15")
