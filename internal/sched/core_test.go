@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/pagewarden/pagewarden/internal/kvcache"
 	"github.com/pagewarden/pagewarden/internal/request"
+	"github.com/pagewarden/pagewarden/internal/sched/ownerecho"
 )
 
 // TestSubmitRefusals: every refusal at submission leaves the core and the
@@ -18,7 +19,7 @@ import (
 func TestSubmitRefusals(t *testing.T) {
 	h := newHarness(t, harnessOpts{window: 32, pageSize: 4, pages: 16, batchTokens: 8,
 		policy: map[request.Tenant]TenantPolicy{"small": {MaxPages: 2, MaxQueued: 1}}})
-	other, err := ComputeLimits(ModelShape{ContextLength: 16}, echoLayout(4), 16, 0, 1)
+	other, err := ComputeLimits(ModelShape{ContextLength: 16}, ownerecho.Layout(4), 16, 0, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -306,7 +307,7 @@ func TestAbortInFlightKeepsPagesUntilAdvance(t *testing.T) {
 }
 
 func TestQueueTimeout(t *testing.T) {
-	layout := echoLayout(4)
+	layout := ownerecho.Layout(4)
 	lim, err := ComputeLimits(ModelShape{ContextLength: 16, Vocab: harnessVocab}, layout, 4, 0, 1)
 	if err != nil {
 		t.Fatal(err)

@@ -4,78 +4,25 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
-	"math"
 
-	"github.com/pagewarden/pagewarden/internal/kvcache"
 	"github.com/pagewarden/pagewarden/internal/request"
+	"github.com/pagewarden/pagewarden/internal/sched/ownerecho"
 )
 
-// echoLayout is the KV layout the owner-echo model needs: per position it
-// stores two 24-bit owner tags in K and the token and position+1 in V, all
-// exactly representable in float32.
-func echoLayout(pageSize int) kvcache.Layout {
-	return kvcache.Layout{Layers: 1, KVHeads: 1, HeadDim: 2, PageSize: pageSize, DType: kvcache.F32}
-}
-
-// echoChain returns the owner-echo tags of positions 0..len(history)-1:
-// a hash chain over (tenant, cache salt, every token up to the position),
-// so a position's tag is what its real KV would depend on. Requests of one
-// tenant with the same salt and the same tokens share the tags (the prefix
-// cache may legitimately share their pages); anything else differs.
-func echoChain(tenant request.Tenant, salt string, history []int) []uint64 {
-	h := fnv.New64a()
-	h.Write([]byte(tenant))
-	h.Write([]byte{0})
-	h.Write([]byte(salt))
-	prev := h.Sum64()
-	tags := make([]uint64, len(history))
-	for p, t := range history {
-		x := prev ^ uint64(uint32(t)) ^ uint64(p)<<32
-		x *= 0x9E3779B97F4A7C15
-		x ^= x >> 29
-		x *= 0xBF58476D1CE4E5B9
-		x ^= x >> 32
-		tags[p], prev = x, x
-	}
-	return tags
-}
-
-// echoSplit gives the two 24-bit halves of a tag (exact in float32).
-func echoSplit(tag uint64) (float32, float32) {
-	return float32(tag & 0xFFFFFF), float32(tag >> 24 & 0xFFFFFF)
-}
-
-// echoFold folds one position's four stored values into the running hash.
-func echoFold(h uint64, a, b, tok, pos float32) uint64 {
-	for _, v := range [4]float32{a, b, tok, pos} {
-		h ^= uint64(math.Float32bits(v))
-		h *= 1099511628211
-	}
-	return h
-}
-
-const echoSeed = 14695981039346656037
+// The owner-echo model's arithmetic is package ownerecho, shared with the
+// whole-system simulation in internal/sim.
 
 // echoNext is the token the owner-echo model samples after reading
 // history, when every position it read is owner's own and correct: what
 // the simulation expects, computed without any KV memory.
 func echoNext(o request.Owner, salt string, history []int, vocab int) int {
-	return echoNextWindow(o, salt, history, vocab, 0)
+	return ownerecho.Next(o, salt, history, vocab, 0)
 }
 
 // echoNextWindow is echoNext for a model that attends to the last window
-// positions only (0: all of them): the hash covers those.
+// positions only (0: all of them).
 func echoNextWindow(o request.Owner, salt string, history []int, vocab, window int) int {
-	h := uint64(echoSeed)
-	for p, tag := range echoChain(o.Tenant, salt, history) {
-		if window > 0 && p < len(history)-window {
-			continue
-		}
-		a, b := echoSplit(tag)
-		h = echoFold(h, a, b, float32(history[p]), float32(p+1))
-	}
-	return int(h % uint64(vocab))
+	return ownerecho.Next(o, salt, history, vocab, window)
 }
 
 // echoExecutor is the owner-echo fake model. For each item it writes, for
@@ -149,7 +96,7 @@ func echoPromptLogprobs(pos, tok, top int) request.Logprobs {
 
 func (e *echoExecutor) run(it Item) int {
 	v := it.View
-	tags := echoChain(it.Owner.Tenant, e.saltOf(it.Owner), it.History)
+	tags := ownerecho.Chain(it.Owner.Tenant, e.saltOf(it.Owner), it.History)
 	ps := v.PageSize()
 	start := v.Start()
 	// Write the new positions.
@@ -157,13 +104,13 @@ func (e *echoExecutor) run(it Item) int {
 		pos := start + j
 		k, vv := v.K(0, pos/ps), v.V(0, pos/ps)
 		off := (pos % ps) * 2
-		k[off], k[off+1] = echoSplit(tags[pos])
+		k[off], k[off+1] = ownerecho.Split(tags[pos])
 		vv[off], vv[off+1] = float32(tok), float32(pos+1)
 	}
 	// Read everything the view exposes, page by page: from the first
 	// page it still holds (the earlier ones, given back behind the
 	// window, must read as nothing).
-	h := uint64(echoSeed)
+	h := uint64(ownerecho.Seed)
 	first := v.FirstPage()
 	for page := range first {
 		if len(v.K(0, page)) != 0 || len(v.V(0, page)) != 0 {
@@ -181,7 +128,7 @@ func (e *echoExecutor) run(it Item) int {
 		for off := 0; off+1 < len(k); off += 2 {
 			want := [4]float32{-1, -1, -1, float32(pos + 1)}
 			if pos < len(it.History) {
-				want[0], want[1] = echoSplit(tags[pos])
+				want[0], want[1] = ownerecho.Split(tags[pos])
 				want[2] = float32(it.History[pos])
 			}
 			got := [4]float32{k[off], k[off+1], vv[off], vv[off+1]}
@@ -189,7 +136,7 @@ func (e *echoExecutor) run(it Item) int {
 				e.foreign = append(e.foreign, fmt.Sprintf("%v read position %d: %v, want %v", it.Owner, pos, got, want))
 			}
 			if e.window == 0 || pos >= end-e.window {
-				h = echoFold(h, got[0], got[1], got[2], got[3])
+				h = ownerecho.Fold(h, got)
 			}
 			pos++
 		}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/pagewarden/pagewarden/internal/kvcache"
 	"github.com/pagewarden/pagewarden/internal/request"
+	"github.com/pagewarden/pagewarden/internal/sched/ownerecho"
 )
 
 // harness drives a Core over a real pool with the owner-echo model, for
@@ -49,7 +50,7 @@ const harnessVocab = 64
 
 func newHarness(t testing.TB, o harnessOpts) *harness {
 	t.Helper()
-	layout := echoLayout(o.pageSize)
+	layout := ownerecho.Layout(o.pageSize)
 	lim, err := ComputeLimits(ModelShape{ContextLength: o.window, Vocab: harnessVocab}, layout, o.pages, o.window, 1)
 	if err != nil {
 		t.Fatal(err)

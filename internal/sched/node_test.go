@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/pagewarden/pagewarden/internal/kvcache"
 	"github.com/pagewarden/pagewarden/internal/request"
+	"github.com/pagewarden/pagewarden/internal/sched/ownerecho"
 )
 
 // gatedExecutor runs the owner-echo model, optionally waiting for a signal
@@ -64,7 +65,7 @@ type nodeOpts struct {
 
 func newTestNode(t *testing.T, o nodeOpts) (*Node, *gatedExecutor, context.CancelFunc, chan error) {
 	t.Helper()
-	layout := echoLayout(o.pageSize)
+	layout := ownerecho.Layout(o.pageSize)
 	lim, err := ComputeLimits(ModelShape{ContextLength: o.window, Vocab: harnessVocab}, layout, o.pages, 0, 1)
 	if err != nil {
 		t.Fatal(err)

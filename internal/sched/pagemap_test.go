@@ -11,6 +11,7 @@ import (
 	"github.com/pagewarden/pagewarden/internal/invariants"
 	"github.com/pagewarden/pagewarden/internal/kvcache"
 	"github.com/pagewarden/pagewarden/internal/request"
+	"github.com/pagewarden/pagewarden/internal/sched/ownerecho"
 )
 
 // TestPageMap: the map agrees with the ledger page by page, marks a
@@ -89,7 +90,7 @@ func TestPageMap(t *testing.T) {
 // TestNodePageMap: the node's loop answers the map between steps, and
 // after Run ends a caller gets ErrShuttingDown.
 func TestNodePageMap(t *testing.T) {
-	layout := echoLayout(4)
+	layout := ownerecho.Layout(4)
 	lim, err := ComputeLimits(ModelShape{ContextLength: 32, Vocab: harnessVocab}, layout, 16, 32, 1)
 	if err != nil {
 		t.Fatal(err)

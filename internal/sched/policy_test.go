@@ -11,6 +11,7 @@ import (
 
 	"github.com/pagewarden/pagewarden/internal/kvcache"
 	"github.com/pagewarden/pagewarden/internal/request"
+	"github.com/pagewarden/pagewarden/internal/sched/ownerecho"
 )
 
 // TestReloadRaisesCapsOfABusyTenant: the incident's two-limits class
@@ -128,7 +129,7 @@ func TestRecycledTenantIDStartsAfresh(t *testing.T) {
 // PolicyGeneration moves, before the submission that follows, so a request
 // admitted under a raised budget is accepted while its tenant is busy.
 func TestNodeAppliesReloadedPolicy(t *testing.T) {
-	layout := echoLayout(4)
+	layout := ownerecho.Layout(4)
 	lim, err := ComputeLimits(ModelShape{ContextLength: 32, Vocab: harnessVocab}, layout, 32, 0, 1)
 	if err != nil {
 		t.Fatal(err)

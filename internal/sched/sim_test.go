@@ -14,6 +14,7 @@ import (
 	"github.com/pagewarden/pagewarden/internal/invariants"
 	"github.com/pagewarden/pagewarden/internal/kvcache"
 	"github.com/pagewarden/pagewarden/internal/request"
+	"github.com/pagewarden/pagewarden/internal/sched/ownerecho"
 )
 
 // raceEnabled is set by race_test.go under -race.
@@ -72,7 +73,7 @@ func newSim(seed uint64, mut mutant) (*sim, error) {
 	margin := []float64{1, 1.5, 2, 3}[rng.IntN(4)]
 	minPages := int(float64(window)*margin+float64(ps)-1) / ps
 	pages := minPages + rng.IntN(window/ps+1)
-	layout := echoLayout(ps)
+	layout := ownerecho.Layout(ps)
 	vocab := 64
 	lim, err := ComputeLimits(ModelShape{ContextLength: window, Vocab: vocab}, layout, pages, window, margin)
 	if err != nil {

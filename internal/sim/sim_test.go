@@ -18,6 +18,7 @@ import (
 
 	"github.com/pagewarden/pagewarden/internal/invariants"
 	"github.com/pagewarden/pagewarden/internal/request"
+	"github.com/pagewarden/pagewarden/internal/sched/ownerecho"
 	"github.com/pagewarden/pagewarden/internal/transfer"
 )
 
@@ -36,7 +37,7 @@ func newWorld(seed uint64) (*world, error) {
 	window := []int{8, 12, 16, 24}[rng.IntN(4)]
 	w := &world{
 		seed: seed, rng: rng, now: time.Unix(1_800_000_000, 0),
-		window: window, vocab: 64, layout: echoLayout(ps),
+		window: window, vocab: 64, layout: ownerecho.Layout(ps),
 		prefixCache: rng.IntN(2) == 0,
 	}
 	per := (window + ps - 1) / ps // pages of one request at most
