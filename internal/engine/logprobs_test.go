@@ -33,6 +33,13 @@ func lpNode(t *testing.T, m *model.Model) (*sched.Node, *Engine) {
 
 func lpNodeTB(t testing.TB, m *model.Model) (*sched.Node, *Engine) {
 	t.Helper()
+	return stepNode(t, m, 64, false)
+}
+
+// stepNode runs a scheduler node on a fresh engine for m, with a step
+// budget of batch tokens and the prefix cache on or off.
+func stepNode(t testing.TB, m *model.Model, batch int, prefixCache bool) (*sched.Node, *Engine) {
+	t.Helper()
 	e, err := New(m, Options{Threads: 2, PageSize: 16, Pages: 256, Scrub: kvcache.ScrubPoison})
 	if err != nil {
 		t.Fatal(err)
@@ -43,7 +50,7 @@ func lpNodeTB(t testing.TB, m *model.Model) (*sched.Node, *Engine) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := sched.NewNode(sched.NodeConfig{Core: sched.Config{Limits: lim, Pool: e.KV, MaxBatchTokens: 64}, Executor: e.Executor()})
+	n, err := sched.NewNode(sched.NodeConfig{Core: sched.Config{Limits: lim, Pool: e.KV, MaxBatchTokens: batch, PrefixCache: prefixCache}, Executor: e.Executor()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,14 +2,12 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"math"
 	"slices"
 	"testing"
 
-	"github.com/pagewarden/pagewarden/internal/kvcache"
 	"github.com/pagewarden/pagewarden/internal/model"
 	"github.com/pagewarden/pagewarden/internal/request"
 	"github.com/pagewarden/pagewarden/internal/sched"
@@ -20,29 +18,7 @@ import (
 // than it is prefilled in chunks of that many positions.
 func chunkNode(t testing.TB, m *model.Model, batch int) *sched.Node {
 	t.Helper()
-	e, err := New(m, Options{Threads: 2, PageSize: 16, Pages: 256, Scrub: kvcache.ScrubPoison})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
-	lim, err := sched.ComputeLimits(sched.ModelShape{ContextLength: m.Config.ContextLength, Vocab: m.Config.Vocab},
-		e.KV.Layout(), e.KV.TotalPages(), min(m.Config.ContextLength, 1024), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, err := sched.NewNode(sched.NodeConfig{Core: sched.Config{Limits: lim, Pool: e.KV, MaxBatchTokens: batch, PrefixCache: true}, Executor: e.Executor()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan error, 1)
-	go func() { ran <- n.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-ran; err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	n, _ := stepNode(t, m, batch, true)
 	return n
 }
 
