@@ -260,27 +260,28 @@ func (e *encoder) job(j *Job) {
 	}
 	e.u32(uint32(int32(j.Priority)))
 	e.constraint(j.Sampling.Grammar)
-	if s.TopLogprobs < 0 || s.TopLogprobs > request.MaxTopLogprobs || (s.TopLogprobs > 0 && !s.Logprobs) {
-		e.fail("top logprobs %d (logprobs %v, limit %d)", s.TopLogprobs, s.Logprobs, request.MaxTopLogprobs)
+	if !e.logprobFlags("top logprobs", "logprobs", s.Logprobs, s.TopLogprobs) {
 		return
 	}
-	if s.Logprobs {
-		e.u8(1)
-	} else {
-		e.u8(0)
-	}
-	e.u8(uint8(s.TopLogprobs))
 	e.forced(s.Forced, j.MaxTokens)
-	if s.PromptTopLogprobs < 0 || s.PromptTopLogprobs > request.MaxTopLogprobs || (s.PromptTopLogprobs > 0 && !s.PromptLogprobs) {
-		e.fail("prompt top logprobs %d (prompt logprobs %v, limit %d)", s.PromptTopLogprobs, s.PromptLogprobs, request.MaxTopLogprobs)
-		return
+	e.logprobFlags("prompt top logprobs", "prompt logprobs", s.PromptLogprobs, s.PromptTopLogprobs)
+}
+
+// logprobFlags writes whether logprobs (or prompt logprobs) are asked and
+// how many alternatives (topName), refusing a count out of range or given
+// without the flag; it reports whether it wrote them.
+func (e *encoder) logprobFlags(topName, flagName string, on bool, top int) bool {
+	if top < 0 || top > request.MaxTopLogprobs || (top > 0 && !on) {
+		e.fail("%s %d (%s %v, limit %d)", topName, top, flagName, on, request.MaxTopLogprobs)
+		return false
 	}
-	if s.PromptLogprobs {
+	if on {
 		e.u8(1)
 	} else {
 		e.u8(0)
 	}
-	e.u8(uint8(s.PromptTopLogprobs))
+	e.u8(uint8(top))
+	return true
 }
 
 func (e *encoder) constraint(g *grammar.Grammar) {
