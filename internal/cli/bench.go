@@ -335,7 +335,7 @@ tokens/s (B*n / decode time, llama-batched-bench's S_TG):
 	c.Flags().IntVar(&batchPrompt, "batch-prompt", 128, "prompt tokens per sequence before the batched decode (llama-batched-bench -npp)")
 	c.Flags().IntVar(&bwMiB, "bw-mib", 256, "MiB of memory the bandwidth measurement streams (0: skip it); keep it far above the last-level cache")
 	c.Flags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile (go tool pprof) of the measurements to this file")
-	c.Flags().StringVar(&tiers, "kernels-list", "", "comma-separated kernel tiers to compare side by side (ref, avx2, avx512, avx512vnni; default: the one in use)")
+	c.Flags().StringVar(&tiers, "kernels-list", "", "comma-separated kernel tiers to compare side by side (ref, avx2, avxvnni, avx512, avx512vnni; default: the one in use)")
 	return c
 }
 

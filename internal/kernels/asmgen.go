@@ -57,13 +57,15 @@ func main() {
 	}
 	qVNNIx2("Q8")
 	qVNNIx2("Q4")
-	qAVX2("Q8")
-	qAVX2("Q4")
-	qAVX2x2("Q8")
-	qAVX2x2("Q4")
-	for _, qa := range qAVX2Shapes {
-		qAVX2Multi("Q8", qa[0], qa[1])
-		qAVX2Multi("Q4", qa[0], qa[1])
+	for _, isa := range qAVX2ISAs {
+		qAVX2(isa, "Q8")
+		qAVX2(isa, "Q4")
+		qAVX2x2(isa, "Q8")
+		qAVX2x2(isa, "Q4")
+		for _, qa := range qAVX2Shapes {
+			qAVX2Multi(isa, "Q8", qa[0], qa[1])
+			qAVX2Multi(isa, "Q4", qa[0], qa[1])
+		}
 	}
 	for _, w := range kWidths {
 		kVNNI("Q4K", w, 0)
@@ -112,12 +114,16 @@ func main() {
 	}
 	for _, k := range []string{"Q8", "Q4"} {
 		fmt.Fprintf(&g, "//go:noescape\nfunc gemm%sVNNIw1x2(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, pairs int, out *float32)\n\n", k)
-		fmt.Fprintf(&g, "//go:noescape\nfunc gemm%sAVX2(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, width int, out *float32)\n\n", k)
-		fmt.Fprintf(&g, "//go:noescape\nfunc gemm%sAVX2x2(w, w2 *byte, wd, wd2 *uint16, xq *int8, xd *float32, xc *int32, nb int, out, out2 *float32)\n\n", k)
 	}
-	for _, qa := range qAVX2Shapes {
+	for _, isa := range qAVX2ISAs {
 		for _, k := range []string{"Q8", "Q4"} {
-			fmt.Fprintf(&g, "//go:noescape\nfunc gemm%sAVX2w%da%d(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, half int, out *float32)\n\n", k, qa[0], qa[1])
+			fmt.Fprintf(&g, "//go:noescape\nfunc gemm%s%s(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, width int, out *float32)\n\n", k, isa)
+			fmt.Fprintf(&g, "//go:noescape\nfunc gemm%s%sx2(w, w2 *byte, wd, wd2 *uint16, xq *int8, xd *float32, xc *int32, nb int, out, out2 *float32)\n\n", k, isa)
+		}
+		for _, qa := range qAVX2Shapes {
+			for _, k := range []string{"Q8", "Q4"} {
+				fmt.Fprintf(&g, "//go:noescape\nfunc gemm%s%sw%da%d(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, half int, out *float32)\n\n", k, isa, qa[0], qa[1])
+			}
 		}
 	}
 	for _, ka := range kAVX2Shapes {
@@ -185,6 +191,11 @@ var kWidths = []int{1, 4}
 // four accumulators per activation, so a call takes at most two rows of a
 // group of four. One activation row (decode) has kAVX2x16 instead.
 var kAVX2Shapes = [][2]int{{4, 2}}
+
+// qAVX2ISAs: the Q8_0/Q4_0 ymm kernels exist twice, for AVX2 (VPMADDUBSW
+// and VPMADDWD) and for AVX-VNNI (VPDPBUSD on ymm registers, see
+// vpdpbusdVEX), with the same registers, layout and float arithmetic.
+var qAVX2ISAs = []string{"AVX2", "AVXVNNI"}
 
 // qAVX2Shapes are the AVX2 Q8_0/Q4_0 kernels for groups of several
 // activation rows: {group width, activations per call}.
@@ -426,17 +437,17 @@ func qVNNIx2(kind string) {
 
 // qAVX2x2 emits qAVX2's 16-row x 1-activation tile for two weight groups
 // at once (two sequential streams, as qVNNIx2), each with exactly
-// gemm%sAVX2's arithmetic, for an activation row of a group of width 1.
+// gemm%s%s's arithmetic, for an activation row of a group of width 1.
 //
 // Registers: stream A Y0/Y1 integer and Y8/Y9 float sums, stream B Y6/Y7
 // and Y10/Y11; Y2 the broadcast activation group, Y3-Y5 temporaries (Q4:
 // Y3/Y4 the nibbles), Y13/Y14 the scales of the stream being finished,
-// Y12 the nibble mask, Y15 the 16-bit ones.
-func qAVX2x2(kind string) {
-	name := fmt.Sprintf("gemm%sAVX2x2", kind)
+// Y12 the nibble mask, Y15 the 16-bit ones (AVX-VNNI: the 0x80 bias).
+func qAVX2x2(isa, kind string) {
+	name := fmt.Sprintf("gemm%s%sx2", kind, isa)
 	p("// func %s(w, w2 *byte, wd, wd2 *uint16, xq *int8, xd *float32, xc *int32, nb int, out, out2 *float32)", name)
 	p("//")
-	p("// gemm%sAVX2 (width 1) for two weight groups side by side, read as two", kind)
+	p("// gemm%s%s (width 1) for two weight groups side by side, read as two", kind, isa)
 	p("// sequential streams: out = group w . x, out2 = group w2 . x.")
 	p("TEXT ·%s(SB), NOSPLIT, $0-80", name)
 	p("\tMOVQ w+0(FP), SI")
@@ -447,23 +458,22 @@ func qAVX2x2(kind string) {
 	p("\tMOVQ xd+40(FP), R9")
 	p("\tMOVQ xc+48(FP), R10")
 	p("\tMOVQ nb+56(FP), CX")
-	p("\tVPBROADCASTD gemmones16<>(SB), Y15")
-	p("\tVPBROADCASTD gemmnib<>(SB), Y12")
+	qAVX2Consts(isa, kind, 15, 12)
 	for _, r := range []int{8, 9, 10, 11} {
 		p("\tVXORPS Y%d, Y%d, Y%d", r, r, r)
 	}
 	p("\tTESTQ CX, CX")
 	p("\tJZ %s_done", name)
 	p("%s_loop:", name)
-	if kind == "Q8" {
-		for _, r := range []int{0, 1, 6, 7} {
-			p("\tVPXOR Y%d, Y%d, Y%d", r, r, r)
-		}
-	} else {
+	if qAVX2StartsAtXc(isa, kind) {
 		p("\tVPBROADCASTD (R10), Y0")
 		p("\tVMOVDQA Y0, Y1")
 		p("\tVMOVDQA Y0, Y6")
 		p("\tVMOVDQA Y0, Y7")
+	} else {
+		for _, r := range []int{0, 1, 6, 7} {
+			p("\tVPXOR Y%d, Y%d, Y%d", r, r, r)
+		}
 	}
 	streams := []struct {
 		w    string
@@ -473,8 +483,8 @@ func qAVX2x2(kind string) {
 		for k4 := 0; k4 < 8; k4++ {
 			p("\tVPBROADCASTD %d(DI), Y2", 4*k4)
 			for _, st := range streams {
-				qAVX2Half(kind, fmt.Sprintf("%d(%s)", 64*k4, st.w), st.accs[0])
-				qAVX2Half(kind, fmt.Sprintf("%d(%s)", 64*k4+32, st.w), st.accs[1])
+				qAVX2Half(isa, kind, fmt.Sprintf("%d(%s)", 64*k4, st.w), st.accs[0])
+				qAVX2Half(isa, kind, fmt.Sprintf("%d(%s)", 64*k4+32, st.w), st.accs[1])
 			}
 		}
 	} else {
@@ -487,20 +497,19 @@ func qAVX2x2(kind string) {
 					p("\tVPAND Y12, Y3, Y3")
 					p("\tVPAND Y12, Y4, Y4")
 					p("\tVPBROADCASTD %d(DI), Y2", 4*j)
-					qAVX2Half(kind, "Y3", st.accs[h])
+					qAVX2Half(isa, kind, "Y3", st.accs[h])
 					p("\tVPBROADCASTD %d(DI), Y2", 4*(j+4))
-					qAVX2Half(kind, "Y4", st.accs[h])
+					qAVX2Half(isa, kind, "Y4", st.accs[h])
 				}
 			}
 		}
 	}
 	p("\tVBROADCASTSS (R9), Y5")
-	for i, st := range []struct {
+	for _, st := range []struct {
 		wd     string
 		ia, ib int
 		fa, fb int
 	}{{"R8", 0, 1, 8, 9}, {"R15", 6, 7, 10, 11}} {
-		_ = i
 		p("\tVCVTPH2PS (%s), Y14", st.wd)
 		p("\tVCVTPH2PS 16(%s), Y13", st.wd)
 		p("\tVMULPS Y5, Y14, Y14")
@@ -538,11 +547,42 @@ func qAVX2x2(kind string) {
 	p("")
 }
 
-// qAVX2Half emits one 8-row step of the AVX2 Q8_0/Q4_0 tiles: Y2 holds
-// the broadcast activation group, src 8 rows x 4 weight bytes; their
-// products are summed into the integer accumulator Y(acc). Y3-Y5 are
-// clobbered.
-func qAVX2Half(kind, src string, acc int) {
+// qAVX2Consts loads the ymm Q8_0/Q4_0 kernels' constants: Y(k) the 16-bit
+// ones VPMADDWD widens with (AVX-VNNI, Q8_0: the 0x80 bias that makes the
+// weights unsigned), Y(nib) the nibble mask.
+func qAVX2Consts(isa, kind string, k, nib int) {
+	if isa == "AVXVNNI" {
+		if kind == "Q8" {
+			p("\tVPBROADCASTD gemmq8bias<>(SB), Y%d", k)
+		}
+	} else {
+		p("\tVPBROADCASTD gemmones16<>(SB), Y%d", k)
+	}
+	p("\tVPBROADCASTD gemmnib<>(SB), Y%d", nib)
+}
+
+// qAVX2StartsAtXc: whether a block's integer sums start at xc (the
+// correction for unsigned weights: -128*sum(x) for Q8_0 biased by 0x80,
+// -8*sum(x) for Q4_0's nibbles) rather than at 0 (AVX2's Q8_0 keeps the
+// weights signed).
+func qAVX2StartsAtXc(isa, kind string) bool {
+	return kind == "Q4" || isa == "AVXVNNI"
+}
+
+// qAVX2Half emits one 8-row step of the ymm Q8_0/Q4_0 tiles: Y2 holds the
+// broadcast activation group, src 8 rows x 4 weight bytes; their products
+// are summed into the integer accumulator Y(acc). AVX2 clobbers Y3-Y5
+// and needs the 16-bit ones in Y15; AVX-VNNI clobbers Y3 (Q8_0) and
+// needs the 0x80 bias in Y15.
+func qAVX2Half(isa, kind, src string, acc int) {
+	if isa == "AVXVNNI" {
+		if kind == "Q8" {
+			p("\tVPXOR %s, Y15, Y3", src)
+			src = "Y3"
+		}
+		vpdpbusdVEX(2, regY(src), acc)
+		return
+	}
 	if kind == "Q8" {
 		p("\tVMOVDQU %s, Y3", src)
 		p("\tVPABSB Y3, Y4")
@@ -555,19 +595,53 @@ func qAVX2Half(kind, src string, acc int) {
 	p("\tVPADDD Y5, Y%d, Y%d", acc, acc)
 }
 
+// regY is the number of the ymm register named s ("Y7" -> 7).
+func regY(s string) int {
+	var n int
+	if _, err := fmt.Sscanf(s, "Y%d", &n); err != nil || n < 0 || n > 15 {
+		panic("asmgen: not a ymm register: " + s)
+	}
+	return n
+}
+
+// vpdpbusdVEX emits AVX-VNNI's VPDPBUSD Y(d) += Y(u) (unsigned bytes) .
+// Y(s) (signed bytes), four products per dword lane, as raw bytes: Go's
+// assembler encodes VPDPBUSD only as AVX512_VNNI (EVEX), which a CPU with
+// AVX-VNNI but no AVX-512 (Alder Lake, Sierra Forest) faults on. The VEX
+// form is VEX.256.66.0F38.W0 50 /r with the unsigned operand in VEX.vvvv,
+// the signed one in ModRM.rm and the accumulator in ModRM.reg.
+func vpdpbusdVEX(s, u, d int) {
+	b1 := 0x40 | 0x02 // X inverted (no index), map 0F38
+	if d < 8 {
+		b1 |= 0x80 // R inverted
+	}
+	if s < 8 {
+		b1 |= 0x20 // B inverted
+	}
+	b2 := (^u&15)<<3 | 0x04 | 0x01 // W0, vvvv inverted, L=256, pp=66
+	modrm := 0xc0 | (d&7)<<3 | s&7
+	p("\tBYTE $0xc4; BYTE $0x%02x; BYTE $0x%02x; BYTE $0x50; BYTE $0x%02x // VPDPBUSD Y%d, Y%d, Y%d (VEX)", b1, b2, modrm, s, u, d)
+}
+
 // qAVX2 emits the 16-row x 1-activation tile for machines without
 // AVX-512: rows 0-7 and 8-15 in two ymm halves. The activation row sits in
 // a group of width activations, so consecutive 4-byte groups are 4*width
 // bytes apart.
-func qAVX2(kind string) {
-	name := fmt.Sprintf("gemm%sAVX2", kind)
+func qAVX2(isa, kind string) {
+	name := fmt.Sprintf("gemm%s%s", kind, isa)
 	p("// func %s(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, width int, out *float32)", name)
-	if kind == "Q8" {
+	switch {
+	case isa == "AVXVNNI" && kind == "Q8":
+		p("//")
+		p("// VPDPBUSD takes unsigned x signed bytes: the weights are biased")
+		p("// (w XOR 0x80 = w+128) and the integer sums start at xc = -128*sum(x),")
+		p("// the same exact sums as gemmQ8AVX2's.")
+	case kind == "Q8":
 		p("//")
 		p("// VPMADDUBSW takes unsigned x signed bytes and saturates its 16-bit")
 		p("// pair sums, so it gets |w| (128 for -128, exact as unsigned) and x")
 		p("// with w's sign: pair sums stay within 2*128*127. xc is unused.")
-	} else {
+	default:
 		p("//")
 		p("// Q4_0 nibbles are unsigned already (pair sums <= 2*15*127); the")
 		p("// integer sums start at xc = -8*sum(x).")
@@ -582,8 +656,7 @@ func qAVX2(kind string) {
 	p("\tMOVQ width+48(FP), R12")
 	p("\tMOVQ out+56(FP), R11")
 	p("\tSHLQ $2, R12 // bytes between 4-byte groups, and between scales")
-	p("\tVPBROADCASTD gemmones16<>(SB), Y15")
-	p("\tVPBROADCASTD gemmnib<>(SB), Y12")
+	qAVX2Consts(isa, kind, 15, 12)
 	p("\tVXORPS Y8, Y8, Y8")
 	p("\tVXORPS Y9, Y9, Y9")
 	p("\tTESTQ CX, CX")
@@ -591,19 +664,19 @@ func qAVX2(kind string) {
 	p("%s_loop:", name)
 	p("\tVCVTPH2PS (R8), Y14")
 	p("\tVCVTPH2PS 16(R8), Y13")
-	if kind == "Q8" {
-		p("\tVPXOR Y0, Y0, Y0")
-		p("\tVPXOR Y1, Y1, Y1")
-	} else {
+	if qAVX2StartsAtXc(isa, kind) {
 		p("\tVPBROADCASTD (R10), Y0")
 		p("\tVMOVDQA Y0, Y1")
+	} else {
+		p("\tVPXOR Y0, Y0, Y0")
+		p("\tVPXOR Y1, Y1, Y1")
 	}
 	p("\tMOVQ DI, DX")
 	if kind == "Q8" {
 		for k4 := 0; k4 < 8; k4++ {
 			p("\tVPBROADCASTD (DX), Y2")
-			qAVX2Half(kind, fmt.Sprintf("%d(SI)", 64*k4), 0)
-			qAVX2Half(kind, fmt.Sprintf("%d(SI)", 64*k4+32), 1)
+			qAVX2Half(isa, kind, fmt.Sprintf("%d(SI)", 64*k4), 0)
+			qAVX2Half(isa, kind, fmt.Sprintf("%d(SI)", 64*k4+32), 1)
 			p("\tADDQ R12, DX")
 		}
 		p("\tADDQ $512, SI")
@@ -619,9 +692,9 @@ func qAVX2(kind string) {
 				p("\tVPAND Y12, Y6, Y6")
 				p("\tVPAND Y12, Y7, Y7")
 				p("\tVPBROADCASTD (DX), Y2")
-				qAVX2Half(kind, "Y6", h)
+				qAVX2Half(isa, kind, "Y6", h)
 				p("\tVPBROADCASTD (DX)(R13*1), Y2")
-				qAVX2Half(kind, "Y7", h)
+				qAVX2Half(isa, kind, "Y7", h)
 			}
 			p("\tADDQ R12, DX")
 		}
@@ -1272,22 +1345,31 @@ func kAVX2x16(kind string, pf int) {
 	p("")
 }
 
-// qAVX2Multi emits the AVX2 Q8_0/Q4_0 kernel for prefill: 8 weight rows
+// qAVX2Multi emits the ymm Q8_0/Q4_0 kernel for prefill: 8 weight rows
 // (rows 8*half.. of a 16-row group) x a activation rows (the first a of
 // the group of width w that xq, xd, xc point into) over nb blocks, so each
 // weight vector loaded meets a activations. Registers: F_i = Y(i), I_i =
-// Y(4+i); Y8 weights, Y9 |weights|, Y10 activations, Y11 product, Y12
-// 16-bit ones, Y13 nibble mask, Y14 weight scales, Y15 scale product.
-func qAVX2Multi(kind string, w, a int) {
-	name := fmt.Sprintf("gemm%sAVX2w%da%d", kind, w, a)
+// Y(4+i); Y8 weights, Y9 |weights| (AVX-VNNI Q8_0: biased weights; Q4_0:
+// the high nibbles), Y10 activations, Y11 product (AVX-VNNI Q4_0: the
+// high nibbles' activations), Y12 16-bit ones (AVX-VNNI: the 0x80 bias),
+// Y13 nibble mask, Y14 weight scales, Y15 scale product.
+func qAVX2Multi(isa, kind string, w, a int) {
+	name := fmt.Sprintf("gemm%s%sw%da%d", kind, isa, w, a)
+	vnni := isa == "AVXVNNI"
 	p("// func %s(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, half int, out *float32)", name)
 	p("//")
-	if kind == "Q8" {
+	switch {
+	case vnni:
+		p("// %s, 8 rows x %d activations of a group of %d: VPDPBUSD of", kind, a, w)
+		p("// unsigned weights (Q8_0 biased by 0x80, Q4_0 nibbles) and x from")
+		p("// xc's correction; then F_i += float(I_i) * (f16(wd) * xd_i) per")
+		p("// block: qTileRef's arithmetic.")
+	case kind == "Q8":
 		p("// Q8_0, 8 rows x %d activations of a group of %d: VPMADDUBSW of |w| and", a, w)
 		p("// x with w's sign (pair sums within 2*128*127), widened per step;")
 		p("// then F_i += float(I_i) * (f16(wd) * xd_i) per block: qTileRef's")
 		p("// arithmetic. xc is unused.")
-	} else {
+	default:
 		p("// Q4_0, 8 rows x %d activations of a group of %d: the nibbles are", a, w)
 		p("// unsigned (value+8), so a block's 8 steps sum exactly in 16 bits")
 		p("// (8*2*15*127 < 2^15), are widened once and start from xc =")
@@ -1305,8 +1387,7 @@ func qAVX2Multi(kind string, w, a int) {
 	p("\tSHLQ $4, AX")
 	p("\tADDQ AX, R8 // this half's 8 fp16 scales")
 	p("\tLEAQ (SI)(AX*2), SI // this half's 8 rows of each 4-byte step")
-	p("\tVPBROADCASTD gemmones16<>(SB), Y12")
-	p("\tVPBROADCASTD gemmnib<>(SB), Y13")
+	qAVX2Consts(isa, kind, 12, 13)
 	for i := 0; i < a; i++ {
 		p("\tVXORPS Y%d, Y%d, Y%d", i, i, i)
 	}
@@ -1314,7 +1395,36 @@ func qAVX2Multi(kind string, w, a int) {
 	p("\tJZ %s_store", name)
 	p("%s_loop:", name)
 	xoff := func(k4, i int) int { return k4*4*w + 4*i }
-	if kind == "Q8" {
+	switch {
+	case vnni:
+		for i := 0; i < a; i++ {
+			p("\tVPBROADCASTD %d(R10), Y%d", 4*i, 4+i)
+		}
+		if kind == "Q8" {
+			for k4 := 0; k4 < 8; k4++ {
+				p("\tVPXOR %d(SI), Y12, Y9", 64*k4)
+				for i := 0; i < a; i++ {
+					p("\tVPBROADCASTD %d(DI), Y10", xoff(k4, i))
+					vpdpbusdVEX(10, 9, 4+i)
+				}
+			}
+			p("\tADDQ $512, SI")
+		} else {
+			for j := 0; j < 4; j++ {
+				p("\tVMOVDQU %d(SI), Y8", 64*j)
+				p("\tVPSRLW $4, Y8, Y9")
+				p("\tVPAND Y13, Y8, Y8")
+				p("\tVPAND Y13, Y9, Y9")
+				for i := 0; i < a; i++ {
+					p("\tVPBROADCASTD %d(DI), Y10", xoff(j, i))
+					p("\tVPBROADCASTD %d(DI), Y11", xoff(j+4, i))
+					vpdpbusdVEX(10, 8, 4+i)
+					vpdpbusdVEX(11, 9, 4+i)
+				}
+			}
+			p("\tADDQ $256, SI")
+		}
+	case kind == "Q8":
 		for k4 := 0; k4 < 8; k4++ {
 			p("\tVMOVDQU %d(SI), Y8", 64*k4)
 			p("\tVPABSB Y8, Y9")
@@ -1331,7 +1441,7 @@ func qAVX2Multi(kind string, w, a int) {
 			}
 		}
 		p("\tADDQ $512, SI")
-	} else {
+	default:
 		for j := 0; j < 4; j++ {
 			p("\tVMOVDQU %d(SI), Y8", 64*j)
 			p("\tVPSRLW $4, Y8, Y9")

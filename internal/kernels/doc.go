@@ -9,7 +9,10 @@
 //     oracle and the fallback. Building with the tag purego, or on an
 //     architecture without assembly, uses only the references.
 //   - On amd64 the fast paths are chosen at start-up from the CPU's features
-//     by tier: ref, avx2 (AVX2+FMA+F16C), avx512 (F/BW/VL), avx512vnni.
+//     by tier: ref, avx2 (AVX2+FMA+F16C), avxvnni (AVX2 with AVX-VNNI's
+//     ymm VPDPBUSD for Q8_0/Q4_0, as on Alder Lake or Sierra Forest),
+//     avx512 (F/BW/VL), avx512vnni. Tiers above avxvnni use its kernels
+//     only where the CPU has AVX-VNNI (it is not implied by AVX-512).
 //     SetTier (the command line's PAGEWARDEN_KERNELS) installs a lower tier,
 //     so the AVX2 path runs and is tested on an AVX-512 machine exactly as
 //     on an AVX2-only one, and refuses a tier the CPU lacks. Every tier

@@ -38,13 +38,13 @@ func gemmQ6KVNNIw4(w *byte, xq *int8, xd *float32, xp *int32, nb, ng int, out *f
 func gemmQ8VNNIw1x2(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, pairs int, out *float32)
 
 //go:noescape
+func gemmQ4VNNIw1x2(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, pairs int, out *float32)
+
+//go:noescape
 func gemmQ8AVX2(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, width int, out *float32)
 
 //go:noescape
 func gemmQ8AVX2x2(w, w2 *byte, wd, wd2 *uint16, xq *int8, xd *float32, xc *int32, nb int, out, out2 *float32)
-
-//go:noescape
-func gemmQ4VNNIw1x2(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, pairs int, out *float32)
 
 //go:noescape
 func gemmQ4AVX2(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, width int, out *float32)
@@ -63,6 +63,30 @@ func gemmQ8AVX2w8a4(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, h
 
 //go:noescape
 func gemmQ4AVX2w8a4(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, half int, out *float32)
+
+//go:noescape
+func gemmQ8AVXVNNI(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, width int, out *float32)
+
+//go:noescape
+func gemmQ8AVXVNNIx2(w, w2 *byte, wd, wd2 *uint16, xq *int8, xd *float32, xc *int32, nb int, out, out2 *float32)
+
+//go:noescape
+func gemmQ4AVXVNNI(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, width int, out *float32)
+
+//go:noescape
+func gemmQ4AVXVNNIx2(w, w2 *byte, wd, wd2 *uint16, xq *int8, xd *float32, xc *int32, nb int, out, out2 *float32)
+
+//go:noescape
+func gemmQ8AVXVNNIw4a4(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, half int, out *float32)
+
+//go:noescape
+func gemmQ4AVXVNNIw4a4(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, half int, out *float32)
+
+//go:noescape
+func gemmQ8AVXVNNIw8a4(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, half int, out *float32)
+
+//go:noescape
+func gemmQ4AVXVNNIw8a4(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, half int, out *float32)
 
 //go:noescape
 func gemmQ4KAVX2w4a2(w *byte, xq *int8, xd *float32, xp *int32, nb, half int, out *float32)

@@ -20,6 +20,7 @@ var (
 	hasAVX2    = cpu.X86.HasAVX2 && cpu.X86.HasFMA && cpu.X86.HasF16C
 	hasAVX512  = hasAVX2 && cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512VL
 	hasVNNI512 = hasAVX512 && cpu.X86.HasAVX512VNNI
+	hasAVXVNNI = hasAVX2 && cpu.X86.HasAVXVNNI
 )
 
 // hasAsm: this build has assembly kernels.
@@ -39,6 +40,12 @@ func cpuLacks(name string) string {
 		need(cpu.X86.HasAVX2, "AVX2")
 		need(cpu.X86.HasFMA, "FMA")
 		need(cpu.X86.HasF16C, "F16C")
+	}
+	if name == "avxvnni" {
+		// Not implied by the tiers above it: an AVX-512 CPU may lack
+		// AVX-VNNI (Skylake-SP, Ice Lake-SP), and an AVX-VNNI one AVX-512
+		// (Alder Lake, Sierra Forest).
+		need(cpu.X86.HasAVXVNNI, "AVX_VNNI")
 	}
 	if r >= tierRank("avx512") {
 		need(cpu.X86.HasAVX512F, "AVX512F")
@@ -104,6 +111,9 @@ func init() {
 		quantQ8Variants = append(quantQ8Variants, variant[quantQ8Fn]{"avx512", quantizeQ8_0PackedAVX512})
 		siluMulVariants = append(siluMulVariants, variant[func(dst, gate, up []float32)]{"avx512", siluMulAVX512Go})
 		softmaxVariants = append(softmaxVariants, variant[func(x []float32)]{"avx512", softmaxAVX512})
+	}
+	if hasAVXVNNI {
+		qTileVariants = append(qTileVariants, variant[qTileFn]{"avxvnni", qTileAVXVNNI})
 	}
 	if hasVNNI512 {
 		qTileVariants = append(qTileVariants, variant[qTileFn]{"avx512vnni", qTileVNNI})
@@ -226,10 +236,46 @@ func qTileVNNI(t quant.Type, width, ng int, w []byte, wd []uint16, xq []int8, xd
 	k(&w[0], &wd[0], &xq[0], &xd[0], &xc[0], nb, ng, &out[0])
 }
 
-// qTileAVX2 runs the AVX2 tile kernels: for one activation row the
+// qYmmKernels are the ymm Q8_0/Q4_0 tile kernels of one instruction set
+// (AVX2, or AVX-VNNI: same layouts, registers and float arithmetic, the
+// same exact integer sums by other instructions).
+type qYmmKernels struct {
+	w1   [2]func(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, width int, out *float32)
+	x2   [2]func(w, w2 *byte, wd, wd2 *uint16, xq *int8, xd *float32, xc *int32, nb int, out, out2 *float32)
+	w4a4 [2]func(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, half int, out *float32)
+	w8a4 [2]func(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, half int, out *float32)
+}
+
+// Index 0 is Q8_0, 1 is Q4_0.
+var (
+	qAVX2Kernels = qYmmKernels{
+		w1:   [2]func(*byte, *uint16, *int8, *float32, *int32, int, int, *float32){gemmQ8AVX2, gemmQ4AVX2},
+		x2:   [2]func(*byte, *byte, *uint16, *uint16, *int8, *float32, *int32, int, *float32, *float32){gemmQ8AVX2x2, gemmQ4AVX2x2},
+		w4a4: [2]func(*byte, *uint16, *int8, *float32, *int32, int, int, *float32){gemmQ8AVX2w4a4, gemmQ4AVX2w4a4},
+		w8a4: [2]func(*byte, *uint16, *int8, *float32, *int32, int, int, *float32){gemmQ8AVX2w8a4, gemmQ4AVX2w8a4},
+	}
+	qAVXVNNIKernels = qYmmKernels{
+		w1:   [2]func(*byte, *uint16, *int8, *float32, *int32, int, int, *float32){gemmQ8AVXVNNI, gemmQ4AVXVNNI},
+		x2:   [2]func(*byte, *byte, *uint16, *uint16, *int8, *float32, *int32, int, *float32, *float32){gemmQ8AVXVNNIx2, gemmQ4AVXVNNIx2},
+		w4a4: [2]func(*byte, *uint16, *int8, *float32, *int32, int, int, *float32){gemmQ8AVXVNNIw4a4, gemmQ4AVXVNNIw4a4},
+		w8a4: [2]func(*byte, *uint16, *int8, *float32, *int32, int, int, *float32){gemmQ8AVXVNNIw8a4, gemmQ4AVXVNNIw8a4},
+	}
+)
+
+// qTileAVX2 runs the AVX2 tile kernels.
+func qTileAVX2(t quant.Type, width, ng int, w []byte, wd []uint16, xq []int8, xd []float32, xc []int32, out []float32) {
+	qTileYmm(&qAVX2Kernels, t, width, ng, w, wd, xq, xd, xc, out)
+}
+
+// qTileAVXVNNI runs the AVX-VNNI tile kernels.
+func qTileAVXVNNI(t quant.Type, width, ng int, w []byte, wd []uint16, xq []int8, xd []float32, xc []int32, out []float32) {
+	qTileYmm(&qAVXVNNIKernels, t, width, ng, w, wd, xq, xd, xc, out)
+}
+
+// qTileYmm runs the ymm tile kernels ks: for one activation row the
 // 16-row kernel, for groups of 4 or 8 the 8-row kernels that share each
 // weight load among 4 activation rows.
-func qTileAVX2(t quant.Type, width, ng int, w []byte, wd []uint16, xq []int8, xd []float32, xc []int32, out []float32) {
+func qTileYmm(ks *qYmmKernels, t quant.Type, width, ng int, w []byte, wd []uint16, xq []int8, xd []float32, xc []int32, out []float32) {
 	if ng <= 0 {
 		return
 	}
@@ -241,14 +287,14 @@ func qTileAVX2(t quant.Type, width, ng int, w []byte, wd []uint16, xq []int8, xd
 	}
 	gb := qGroupBytes(t)
 	w, wd, xq, xd, xc = w[:ng*nb*gb], wd[:ng*nb*qRows], xq[:nb*qk8*width], xd[:nb*width], xc[:nb*width]
-	q4 := t == quant.Q4_0
+	ti := 0
+	if t == quant.Q4_0 {
+		ti = 1
+	}
 	if width == 1 {
 		// Decode: groups g and pairs+g side by side (two sequential
-		// streams, gemm*AVX2x2), an odd last group alone.
-		k, k2 := gemmQ8AVX2, gemmQ8AVX2x2
-		if q4 {
-			k, k2 = gemmQ4AVX2, gemmQ4AVX2x2
-		}
+		// streams), an odd last group alone.
+		k, k2 := ks.w1[ti], ks.x2[ti]
 		pairs := ng / 2
 		for g := 0; g < pairs; g++ {
 			h := g + pairs
@@ -260,17 +306,13 @@ func qTileAVX2(t quant.Type, width, ng int, w []byte, wd []uint16, xq []int8, xd
 		return
 	}
 	var k func(w *byte, wd *uint16, xq *int8, xd *float32, xc *int32, nb, half int, out *float32)
-	switch {
-	case width == 4 && q4:
-		k = gemmQ4AVX2w4a4
-	case width == 4:
-		k = gemmQ8AVX2w4a4
-	case width == 8 && q4:
-		k = gemmQ4AVX2w8a4
-	case width == 8:
-		k = gemmQ8AVX2w8a4
+	switch width {
+	case 4:
+		k = ks.w4a4[ti]
+	case 8:
+		k = ks.w8a4[ti]
 	default:
-		panic("kernels: no AVX2 tile kernel for this group width")
+		panic("kernels: no ymm tile kernel for this group width")
 	}
 	for g := 0; g < ng; g++ {
 		for i := 0; i < width; i += 4 {

@@ -10,7 +10,7 @@ import (
 // nothing above it, so forcing a lower tier on a bigger CPU runs exactly
 // the code a smaller CPU would run (PAGEWARDEN_KERNELS=avx2 on an AVX-512
 // machine measures and tests the AVX2 path).
-var tierNames = []string{"ref", "avx2", "avx512", "avx512vnni"}
+var tierNames = []string{"ref", "avx2", "avxvnni", "avx512", "avx512vnni"}
 
 // tierRank is a tier's (or a variant's) position in tierNames; -1 if
 // unknown.

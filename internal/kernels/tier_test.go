@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -58,7 +59,10 @@ func TestSetTier(t *testing.T) {
 			t.Errorf("SetTier(%q) = %v, want an error containing %q", tc.name, err, tc.want)
 		}
 	}
-	for _, name := range tierNames[len(ts):] {
+	for _, name := range tierNames {
+		if slices.Contains(ts, name) {
+			continue
+		}
 		err := SetTier(name)
 		if err == nil || !strings.Contains(err.Error(), "cannot run here") {
 			t.Errorf("SetTier(%q) on a machine with %v = %v, want a refusal", name, ts, err)
