@@ -394,3 +394,44 @@ axpyhz_tail:
 axpyhz_done:
 	VZEROUPPER
 	RET
+
+// func f16ToF32RowsAVX2(dst *float32, ds int, src *uint16, ss int, rows, cols int)
+//
+// rows rows of cols halves (cols a multiple of 8, rows > 0), src rows ss
+// bytes apart, dst rows ds bytes apart. Attention reads a KV head's rows
+// out of pages whose rows hold every KV head, a strided walk that DRAM
+// serves slowly one short call per row; here each row's lines are
+// prefetched four rows ahead.
+TEXT ·f16ToF32RowsAVX2(SB), NOSPLIT, $0-48
+	MOVQ dst+0(FP), DI
+	MOVQ ds+8(FP), R8
+	MOVQ src+16(FP), SI
+	MOVQ ss+24(FP), R9
+	MOVQ rows+32(FP), DX
+	MOVQ cols+40(FP), R10
+	SHLQ $1, R10 // bytes per source row
+	LEAQ (SI)(R9*4), R11
+
+cvtr_row:
+	XORQ AX, AX
+
+cvtr_pf:
+	PREFETCHT0 (R11)(AX*1)
+	ADDQ $64, AX
+	CMPQ AX, R10
+	JL   cvtr_pf
+	XORQ AX, AX
+
+cvtr_col:
+	VCVTPH2PS (SI)(AX*1), Y0
+	VMOVUPS Y0, (DI)(AX*2)
+	ADDQ $16, AX
+	CMPQ AX, R10
+	JL   cvtr_col
+	ADDQ R9, SI
+	ADDQ R9, R11
+	ADDQ R8, DI
+	DECQ DX
+	JNZ  cvtr_row
+	VZEROUPPER
+	RET

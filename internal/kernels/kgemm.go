@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math"
 
+	"github.com/pagewarden/pagewarden/internal/hugemem"
 	"github.com/pagewarden/pagewarden/internal/quant"
 )
 
@@ -67,7 +68,7 @@ func (m *Matrix) repackK(data []byte) {
 	nb := m.cols / qkK
 	groups := (m.rows + qRows - 1) / qRows
 	rec := kRecBytes(m.typ)
-	m.kw = makeHuge[byte](groups * nb * rec)
+	m.kw = hugemem.Make[byte](groups * nb * rec)
 	var vals [qkK]int8
 	for r := 0; r < m.rows; r++ {
 		g, rr := r/qRows, r%qRows

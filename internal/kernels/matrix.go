@@ -7,6 +7,7 @@ import (
 	"sync"
 	"unsafe"
 
+	"github.com/pagewarden/pagewarden/internal/hugemem"
 	"github.com/pagewarden/pagewarden/internal/quant"
 )
 
@@ -83,15 +84,15 @@ func NewMatrix(t quant.Type, rows, cols int, data []byte) (*Matrix, error) {
 	switch t {
 	case quant.F32:
 		m.f32 = viewF32(data)
-		if len(data) >= hugeMin {
-			buf := makeHuge[float32](len(m.f32))
+		if len(data) >= hugemem.MinBytes {
+			buf := hugemem.Make[float32](len(m.f32))
 			copy(buf, m.f32)
 			m.f32 = buf
 		}
 	case quant.F16, quant.BF16:
 		m.u16 = viewU16(data)
-		if len(data) >= hugeMin {
-			buf := makeHuge[uint16](len(m.u16))
+		if len(data) >= hugemem.MinBytes {
+			buf := hugemem.Make[uint16](len(m.u16))
 			copy(buf, m.u16)
 			m.u16 = buf
 		}
@@ -379,11 +380,27 @@ func (m *Matrix) mulQGroups(dst []float32, a *acts, n, g0, g1, lo, hi int) {
 		nr := min(qRows, rows-r0)
 		for ag := g0; ag < g1; ag++ {
 			qTileImpl(m.kind, w, 1, wq, wd, a.q[ag*w*cols:(ag+1)*w*cols], a.d[ag*w*nb:(ag+1)*w*nb], a.c[ag*w*nb:(ag+1)*w*nb], out[:w*qRows])
-			for i := 0; i < w && ag*w+i < n; i++ {
-				o := (ag*w+i)*rows + r0
-				copy(dst[o:o+nr], out[i*qRows:i*qRows+nr])
-			}
+			placeTile(dst, out[:w*qRows], ag*w, min(w, n-ag*w), rows, r0, nr)
 		}
+	}
+}
+
+// placeTile copies the first k activation rows of a tile's outputs (16
+// per activation row) to rows [r0, r0+nr) of dst's activation rows i0,
+// i0+1, ...: a whole 16-row group as one fixed-size move, which the
+// compiler inlines (a copy call per 64 bytes was 7% of a 16-sequence
+// decode step on AVX2).
+func placeTile(dst, out []float32, i0, k, rows, r0, nr int) {
+	for i := range k {
+		o := (i0+i)*rows + r0
+		if nr == qRows {
+			d, t := (*[qRows]float32)(dst[o:o+qRows]), (*[qRows]float32)(out[i*qRows:])
+			for r := range qRows {
+				d[r] = t[r]
+			}
+			continue
+		}
+		copy(dst[o:o+nr], out[i*qRows:i*qRows+nr])
 	}
 }
 
@@ -407,10 +424,7 @@ func (m *Matrix) mulKGroups(dst []float32, a *acts, n, g0, g1, lo, hi int) {
 		nr := min(qRows, rows-r0)
 		for ag := g0; ag < g1; ag++ {
 			kTileImpl(m.kind, w, 1, wk, a.q[ag*w*cols:(ag+1)*w*cols], a.d[ag*w*nb:(ag+1)*w*nb], a.c[ag*w*nb*8:(ag+1)*w*nb*8], out[:w*qRows])
-			for i := 0; i < w && ag*w+i < n; i++ {
-				o := (ag*w+i)*rows + r0
-				copy(dst[o:o+nr], out[i*qRows:i*qRows+nr])
-			}
+			placeTile(dst, out[:w*qRows], ag*w, min(w, n-ag*w), rows, r0, nr)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math"
 
+	"github.com/pagewarden/pagewarden/internal/hugemem"
 	"github.com/pagewarden/pagewarden/internal/quant"
 )
 
@@ -78,8 +79,8 @@ func (m *Matrix) repackQ(data []byte) {
 	nb := m.cols / qk8
 	groups := (m.rows + qRows - 1) / qRows
 	gb := qGroupBytes(m.typ)
-	m.qw = makeHuge[byte](groups * nb * gb)
-	m.qd = makeHuge[uint16](groups * nb * qRows)
+	m.qw = hugemem.Make[byte](groups * nb * gb)
+	m.qd = hugemem.Make[uint16](groups * nb * qRows)
 	blkBytes := m.typ.BlockBytes()
 	for r := 0; r < m.rows; r++ {
 		g, rr := r/qRows, r%qRows

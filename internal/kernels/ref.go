@@ -84,6 +84,12 @@ func f16ToF32sRef(dst []float32, src []uint16) {
 	}
 }
 
+func f16ToF32RowsRef(dst []float32, ds int, src []uint16, ss, rows, cols int) {
+	for i := range rows {
+		f16ToF32sRef(dst[i*ds:i*ds+cols], src[i*ss:i*ss+cols])
+	}
+}
+
 // rmsNormRef mirrors ggml_compute_forward_rms_norm followed by the weight
 // multiply: the sum of squares is accumulated in float64 (ggml_float), the
 // scale is 1/sqrtf(mean+eps) in float32, and each output is (x*scale)*w.

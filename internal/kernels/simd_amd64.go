@@ -77,6 +77,7 @@ var (
 	axpyVariants      = []variant[func(dst []float32, a float32, x []float32)]{{"ref", axpyRef}}
 	axpyF16Variants   = []variant[func(dst []float32, a float32, x []uint16)]{{"ref", axpyF16Ref}}
 	f16ToF32sVariants = []variant[func(dst []float32, src []uint16)]{{"ref", f16ToF32sRef}}
+	f16RowsVariants   = []variant[f16RowsFn]{{"ref", f16ToF32RowsRef}}
 	qTileVariants     = []variant[qTileFn]{{"ref", qTileRef}}
 	gemmF32Variants   = []variant[gemmF32Fn]{{"ref", gemmF32Ref}}
 	quantQ8Variants   = []variant[quantQ8Fn]{{"ref", quantizeQ8_0Packed}}
@@ -91,6 +92,7 @@ func init() {
 		dotVariants = append(dotVariants, variant[func(a, b []float32) float32]{"avx2", dotAVX2})
 		dotF16Variants = append(dotF16Variants, variant[func(a []float32, b []uint16) float32]{"avx2", dotF16AVX2Go})
 		f16ToF32sVariants = append(f16ToF32sVariants, variant[func(dst []float32, src []uint16)]{"avx2", f16ToF32sAVX2Go})
+		f16RowsVariants = append(f16RowsVariants, variant[f16RowsFn]{"avx2", f16ToF32RowsAVX2Go})
 		qTileVariants = append(qTileVariants, variant[qTileFn]{"avx2", qTileAVX2})
 		gemmF32Variants = append(gemmF32Variants, variant[gemmF32Fn]{"avx2", gemmF32AVX2})
 		kTileVariants = append(kTileVariants, variant[kTileFn]{"avx2", kTileAVX2})
@@ -173,6 +175,22 @@ func f16ToF32sAVX2Go(dst []float32, src []uint16) {
 	}
 	src = src[:len(dst)]
 	f16ToF32sAVX2(&dst[0], &src[0], len(dst))
+}
+
+// f16ToF32RowsAVX2Go converts with one call per block of rows when each
+// row is a whole number of 8-half vectors, else row by row.
+func f16ToF32RowsAVX2Go(dst []float32, ds int, src []uint16, ss, rows, cols int) {
+	if rows <= 0 || cols <= 0 {
+		return
+	}
+	_, _ = dst[(rows-1)*ds+cols-1], src[(rows-1)*ss+cols-1]
+	if cols%8 != 0 {
+		for i := range rows {
+			f16ToF32sAVX2(&dst[i*ds], &src[i*ss], cols)
+		}
+		return
+	}
+	f16ToF32RowsAVX2(&dst[0], 4*ds, &src[0], 2*ss, rows, cols)
 }
 
 func axpyAVX512Go(dst []float32, a float32, x []float32) {

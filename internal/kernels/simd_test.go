@@ -163,6 +163,43 @@ func TestF16ToF32sVariants(t *testing.T) {
 	}
 }
 
+// TestF16ToF32RowsVariants: strided conversion gives every row the exact
+// values of the reference and writes nothing between or around the rows
+// (head dimensions of the model families, and ones no whole vector
+// divides).
+func TestF16ToF32RowsVariants(t *testing.T) {
+	rng := newRand(14)
+	for _, v := range f16RowsVariants {
+		for _, cols := range []int{1, 7, 8, 16, 24, 64, 80, 96, 100, 128, 256} {
+			for _, rows := range []int{1, 2, 3, 5, 16, 33} {
+				ss := cols + rng.IntN(3)*cols + rng.IntN(9)
+				ds := cols + rng.IntN(5)
+				src := make([]uint16, (rows-1)*ss+cols)
+				for i := range src {
+					src[i] = uint16(rng.Uint32())
+				}
+				n := (rows-1)*ds + cols
+				dst, check := guarded(t, n, rng.IntN(8))
+				for i := range dst {
+					dst[i] = sentinel
+				}
+				v.fn(dst, ds, src, ss, rows, cols)
+				check()
+				for i := range n {
+					r, c := i/ds, i%ds
+					want := sentinel
+					if c < cols {
+						want = f16ToF32Slow(src[r*ss+c])
+					}
+					if math.Float32bits(dst[i]) != math.Float32bits(want) {
+						t.Fatalf("%s rows %d cols %d ss %d ds %d: dst[%d] = %#08x, want %#08x", v.name, rows, cols, ss, ds, i, math.Float32bits(dst[i]), math.Float32bits(want))
+					}
+				}
+			}
+		}
+	}
+}
+
 // TestQTileVariants: the packed Q8_0/Q4_0 tile kernels are bit-identical
 // to the reference for every group width MatMul uses and every block
 // count, including extreme quants (-128 weights, ±127 activations) that

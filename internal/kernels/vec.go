@@ -13,6 +13,7 @@ var (
 	axpyImpl      = axpyRef
 	axpyF16Impl   = axpyF16Ref
 	f16ToF32sImpl = f16ToF32sRef
+	f16RowsImpl   = f16ToF32RowsRef
 	qTileImpl     = qTileRef
 	gemmF32Impl   = gemmF32Generic
 	quantQ8Impl   = quantizeQ8_0Packed
@@ -56,6 +57,25 @@ func AxpyF16(dst []float32, a float32, x []uint16) {
 func F16ToF32s(dst []float32, src []uint16) {
 	mustLen("F16ToF32s", len(src), len(dst))
 	f16ToF32sImpl(dst, src)
+}
+
+// f16RowsFn converts rows rows of cols halves, src rows ss elements apart,
+// into dst rows ds elements apart.
+type f16RowsFn = func(dst []float32, ds int, src []uint16, ss, rows, cols int)
+
+// F16ToF32Rows converts rows rows of cols halves, the rows of src ss
+// elements apart, into dst with its rows ds elements apart: a KV head's
+// rows out of a page that interleaves every head, in one call (attention
+// made one call per row before, and a short call per 128-byte row left
+// DRAM's latency exposed). It panics if a slice is too short.
+func F16ToF32Rows(dst []float32, ds int, src []uint16, ss, rows, cols int) {
+	if rows <= 0 || cols <= 0 {
+		return
+	}
+	if ds < cols || ss < cols || len(dst) < (rows-1)*ds+cols || len(src) < (rows-1)*ss+cols {
+		panic("kernels: F16ToF32Rows: overlapping rows or a slice too short")
+	}
+	f16RowsImpl(dst, ds, src, ss, rows, cols)
 }
 
 // F32ToF16s rounds src to half precision (nearest even) into dst.

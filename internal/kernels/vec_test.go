@@ -89,6 +89,29 @@ func TestExportedWrappers(t *testing.T) {
 	if diff := cmp.Diff(d1, d2, cmpopts.EquateApprox(1e-6, 1e-7)); diff != "" {
 		t.Errorf("AxpyF16 vs Axpy on converted input:\n%s", diff)
 	}
+	// Rows 0 and 2 of h as a strided block.
+	rows := make([]float32, 2*8)
+	F16ToF32Rows(rows, 8, h, 16, 2, 5)
+	want := make([]float32, 2*8)
+	copy(want[0:5], f[0:5])
+	copy(want[8:13], f[16:21])
+	if diff := cmp.Diff(want, rows); diff != "" {
+		t.Errorf("F16ToF32Rows (-want +got):\n%s", diff)
+	}
+	for _, bad := range []func(){
+		func() { F16ToF32Rows(make([]float32, 64), 8, h, 16, 4, 5) }, // src too short for four rows
+		func() { F16ToF32Rows(rows[:12], 8, h, 16, 2, 5) },
+		func() { F16ToF32Rows(rows, 4, h, 16, 2, 5) }, // rows would overlap
+	} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Error("F16ToF32Rows with a short or overlapping slice did not panic")
+				}
+			}()
+			bad()
+		}()
+	}
 	defer func() {
 		if recover() == nil {
 			t.Error("Dot with unequal lengths did not panic")

@@ -303,24 +303,29 @@ func (j *attnJob) pack(tl *attnTile, kvh int) {
 		if kp == nil {
 			kp16, vp16 = v.K16(l, page), v.V16(l, page)
 		}
+		c0 := p - tl.plo
+		if kp == nil {
+			// F16 keys are converted into the values' slots, spread into
+			// their columns below, then overwritten by the values.
+			kernels.F16ToF32Rows(vp[c0*hd:], hd, kp16[off*kvdim+kvo:], kvdim, cnt, hd)
+		}
 		for t := range cnt {
 			at := (off+t)*kvdim + kvo
-			col := p + t - tl.plo
+			col := c0 + t
 			vdst := vp[col*hd : (col+1)*hd]
+			src := vdst
 			if kp != nil {
-				for d, x := range kp[at : at+hd] {
-					kt[d*npad+col] = x
-				}
-				copy(vdst, vpg[at:at+hd])
-				continue
+				src = kp[at : at+hd]
 			}
-			// An F16 key is converted into the value's slot, spread
-			// into its column, then overwritten by the value.
-			kernels.F16ToF32s(vdst, kp16[at:at+hd])
-			for d, x := range vdst {
+			for d, x := range src {
 				kt[d*npad+col] = x
 			}
-			kernels.F16ToF32s(vdst, vp16[at:at+hd])
+			if kp != nil {
+				copy(vdst, vpg[at:at+hd])
+			}
+		}
+		if kp == nil {
+			kernels.F16ToF32Rows(vp[c0*hd:], hd, vp16[off*kvdim+kvo:], kvdim, cnt, hd)
 		}
 		p += cnt
 	}
@@ -475,9 +480,7 @@ func (j *attnJob) pageRows(b *attnBuf, f16 bool, p32 []float32, p16 []uint16, t0
 		buf = &b.v32
 	}
 	*buf = grow(*buf, (cnt-t0)*hd)
-	for t := t0; t < cnt; t++ {
-		kernels.F16ToF32s((*buf)[(t-t0)*hd:(t-t0+1)*hd], p16[t*kvdim+kvo:t*kvdim+kvo+hd])
-	}
+	kernels.F16ToF32Rows(*buf, hd, p16[t0*kvdim+kvo:], kvdim, cnt-t0, hd)
 	return *buf, hd
 }
 

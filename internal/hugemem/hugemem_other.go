@@ -1,7 +1,7 @@
 //go:build !linux
 
-package kernels
+package hugemem
 
 // Huge pages are asked for on Linux only; elsewhere the hints are no-ops.
-func adviseHuge([]byte)   {}
-func collapseHuge([]byte) {}
+func advise([]byte)   {}
+func collapse([]byte) {}
