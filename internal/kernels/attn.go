@@ -135,6 +135,18 @@ func attnGemmTiled(table [][]attnKernel, lanes int, dst []float32, ds int, a []f
 // tier's at each call, so SetTier needs no hook here.
 var attnGemmVariants = []variant[attnGemmFn]{{"ref", attnGemmRef}}
 
+// attnLaneVariants: the column width of each tier's AttnGemm tiles (the
+// reference takes any width).
+var attnLaneVariants = []variant[int]{{"ref", 1}}
+
+// AttnLanes is the column count the installed tier's AttnGemm computes in
+// whole vectors: a caller that pads its columns (decode's query heads of
+// one KV head) pads to a multiple of this, not beyond, since each padded
+// column costs as much as a real one. Columns past the last whole vector
+// take the reference loop, so any n works; this only says which n is
+// cheapest.
+func AttnLanes() int { return pick(attnLaneVariants, tier) }
+
 // AttnSoftmax is Softmax for a row of attention scores, followed, when f16
 // is set, by rounding each weight to F16 and back (nearest even): what
 // ggml's non-flash attention does before it multiplies an F16 cache's

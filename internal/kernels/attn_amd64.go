@@ -17,11 +17,13 @@ func attnGemmAVX2(dst []float32, ds int, a []float32, as int, b []float32, bs in
 func init() {
 	if hasAVX2 {
 		attnGemmVariants = append(attnGemmVariants, variant[attnGemmFn]{"avx2", attnGemmAVX2})
+		attnLaneVariants = append(attnLaneVariants, variant[int]{"avx2", 8})
 		attnSoftmaxVariants = append(attnSoftmaxVariants, variant[func([]float32, bool)]{"avx2", attnSoftmaxAVX2})
 		roundF16sVariants = append(roundF16sVariants, variant[func([]float32)]{"avx2", func(x []float32) { roundF16sSIMD(x, 8, attnScaleAVX2) }})
 	}
 	if hasAVX512 {
 		attnGemmVariants = append(attnGemmVariants, variant[attnGemmFn]{"avx512", attnGemmAVX512})
+		attnLaneVariants = append(attnLaneVariants, variant[int]{"avx512", 16})
 		attnSoftmaxVariants = append(attnSoftmaxVariants, variant[func([]float32, bool)]{"avx512", attnSoftmaxAVX512})
 		roundF16sVariants = append(roundF16sVariants, variant[func([]float32)]{"avx512", func(x []float32) { roundF16sSIMD(x, 16, attnScaleAVX512) }})
 	}

@@ -3,6 +3,7 @@ package kernels
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -120,6 +121,50 @@ func TestAttnGemmSameChain(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestAttnLanes: every AttnGemm variant says its tile width, and a
+// product's real columns have the same bits whether the columns are
+// padded to that width or to a wider one (16, 32): each output is one FMA
+// chain over k in whichever whole vector holds it, which is what makes
+// decode's padding to AttnLanes free of any change in output.
+func TestAttnLanes(t *testing.T) {
+	if got, want := names(attnLaneVariants), names(attnGemmVariants); !slices.Equal(got, want) {
+		t.Fatalf("lane widths for %v, kernels %v", got, want)
+	}
+	forEachTier(t, func(t *testing.T) {
+		l := AttnLanes()
+		if l < 1 || l > 16 {
+			t.Fatalf("AttnLanes() = %d", l)
+		}
+		rng := newRand(72)
+		const m, k = 16, 64
+		for _, group := range []int{1, 3, 4, 7, 8, 9} {
+			a, q := randF32(rng, m*k), randF32(rng, k*group)
+			prod := func(n int) []float32 {
+				b := make([]float32, k*n)
+				for d := range k {
+					copy(b[d*n:d*n+group], q[d*group:(d+1)*group])
+				}
+				out := make([]float32, m*n)
+				AttnGemm(out, n, a, k, b, n, m, n, k, 0.125)
+				return out
+			}
+			n := (group + l - 1) / l * l
+			got := prod(n)
+			for _, wide := range []int{16, 32} {
+				nw := (group + wide - 1) / wide * wide
+				want := prod(nw)
+				for i := range m {
+					for j := range group {
+						if got[i*n+j] != want[i*nw+j] {
+							t.Fatalf("group %d: [%d,%d] = %g padded to %d columns, %g padded to %d", group, i, j, got[i*n+j], n, want[i*nw+j], nw)
+						}
+					}
+				}
+			}
+		}
+	})
 }
 
 // TestAttnGemmInstalled: AttnGemm runs the installed tier's variant, and

@@ -395,21 +395,25 @@ axpyhz_done:
 	VZEROUPPER
 	RET
 
-// func f16ToF32RowsAVX2(dst *float32, ds int, src *uint16, ss int, rows, cols int)
+// func f16ToF32RowsAVX2(dst *float32, ds int, src *uint16, ss int, rows, cols int, pf *uint16)
 //
 // rows rows of cols halves (cols a multiple of 8, rows > 0), src rows ss
 // bytes apart, dst rows ds bytes apart. Attention reads a KV head's rows
 // out of pages whose rows hold every KV head, a strided walk that DRAM
-// serves slowly one short call per row; here each row's lines are
-// prefetched four rows ahead.
-TEXT ·f16ToF32RowsAVX2(SB), NOSPLIT, $0-48
+// serves slowly one short call per row; here the lines of the rows at pf
+// (the next page's, same stride; or, if pf is nil, this block's rows four
+// ahead) are prefetched while each row is converted.
+TEXT ·f16ToF32RowsAVX2(SB), NOSPLIT, $0-56
 	MOVQ dst+0(FP), DI
 	MOVQ ds+8(FP), R8
 	MOVQ src+16(FP), SI
 	MOVQ ss+24(FP), R9
 	MOVQ rows+32(FP), DX
 	MOVQ cols+40(FP), R10
+	MOVQ pf+48(FP), R11
 	SHLQ $1, R10 // bytes per source row
+	TESTQ R11, R11
+	JNZ  cvtr_row
 	LEAQ (SI)(R9*4), R11
 
 cvtr_row:

@@ -84,7 +84,7 @@ func f16ToF32sRef(dst []float32, src []uint16) {
 	}
 }
 
-func f16ToF32RowsRef(dst []float32, ds int, src []uint16, ss, rows, cols int) {
+func f16ToF32RowsRef(dst []float32, ds int, src []uint16, ss, rows, cols int, _ []uint16) {
 	for i := range rows {
 		f16ToF32sRef(dst[i*ds:i*ds+cols], src[i*ss:i*ss+cols])
 	}

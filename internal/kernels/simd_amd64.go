@@ -179,7 +179,7 @@ func f16ToF32sAVX2Go(dst []float32, src []uint16) {
 
 // f16ToF32RowsAVX2Go converts with one call per block of rows when each
 // row is a whole number of 8-half vectors, else row by row.
-func f16ToF32RowsAVX2Go(dst []float32, ds int, src []uint16, ss, rows, cols int) {
+func f16ToF32RowsAVX2Go(dst []float32, ds int, src []uint16, ss, rows, cols int, next []uint16) {
 	if rows <= 0 || cols <= 0 {
 		return
 	}
@@ -190,7 +190,11 @@ func f16ToF32RowsAVX2Go(dst []float32, ds int, src []uint16, ss, rows, cols int)
 		}
 		return
 	}
-	f16ToF32RowsAVX2(&dst[0], 4*ds, &src[0], 2*ss, rows, cols)
+	var pf *uint16
+	if len(next) >= (rows-1)*ss+cols {
+		pf = &next[0] // only prefetched: a hint, but kept inside next
+	}
+	f16ToF32RowsAVX2(&dst[0], 4*ds, &src[0], 2*ss, rows, cols, pf)
 }
 
 func axpyAVX512Go(dst []float32, a float32, x []float32) {

@@ -24,7 +24,7 @@ func f16ToF32sAVX512(dst *float32, src *uint16, n int)
 func f16ToF32sAVX2(dst *float32, src *uint16, n int)
 
 //go:noescape
-func f16ToF32RowsAVX2(dst *float32, ds int, src *uint16, ss int, rows, cols int)
+func f16ToF32RowsAVX2(dst *float32, ds int, src *uint16, ss int, rows, cols int, pf *uint16)
 
 //go:noescape
 func axpyAVX512(dst *float32, a float32, x *float32, n int)

@@ -60,22 +60,25 @@ func F16ToF32s(dst []float32, src []uint16) {
 }
 
 // f16RowsFn converts rows rows of cols halves, src rows ss elements apart,
-// into dst rows ds elements apart.
-type f16RowsFn = func(dst []float32, ds int, src []uint16, ss, rows, cols int)
+// into dst rows ds elements apart; next (may be nil) is prefetched.
+type f16RowsFn = func(dst []float32, ds int, src []uint16, ss, rows, cols int, next []uint16)
 
 // F16ToF32Rows converts rows rows of cols halves, the rows of src ss
 // elements apart, into dst with its rows ds elements apart: a KV head's
 // rows out of a page that interleaves every head, in one call (attention
 // made one call per row before, and a short call per 128-byte row left
-// DRAM's latency exposed). It panics if a slice is too short.
-func F16ToF32Rows(dst []float32, ds int, src []uint16, ss, rows, cols int) {
+// DRAM's latency exposed). next, if not nil, is where the caller reads
+// next, laid out as src (the same KV head's rows in its next page): its
+// lines are prefetched meanwhile, a hint only. It panics if dst or src is
+// too short.
+func F16ToF32Rows(dst []float32, ds int, src []uint16, ss, rows, cols int, next []uint16) {
 	if rows <= 0 || cols <= 0 {
 		return
 	}
 	if ds < cols || ss < cols || len(dst) < (rows-1)*ds+cols || len(src) < (rows-1)*ss+cols {
 		panic("kernels: F16ToF32Rows: overlapping rows or a slice too short")
 	}
-	f16RowsImpl(dst, ds, src, ss, rows, cols)
+	f16RowsImpl(dst, ds, src, ss, rows, cols, next)
 }
 
 // F32ToF16s rounds src to half precision (nearest even) into dst.

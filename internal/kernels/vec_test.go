@@ -91,7 +91,7 @@ func TestExportedWrappers(t *testing.T) {
 	}
 	// Rows 0 and 2 of h as a strided block.
 	rows := make([]float32, 2*8)
-	F16ToF32Rows(rows, 8, h, 16, 2, 5)
+	F16ToF32Rows(rows, 8, h, 16, 2, 5, nil)
 	want := make([]float32, 2*8)
 	copy(want[0:5], f[0:5])
 	copy(want[8:13], f[16:21])
@@ -99,9 +99,9 @@ func TestExportedWrappers(t *testing.T) {
 		t.Errorf("F16ToF32Rows (-want +got):\n%s", diff)
 	}
 	for _, bad := range []func(){
-		func() { F16ToF32Rows(make([]float32, 64), 8, h, 16, 4, 5) }, // src too short for four rows
-		func() { F16ToF32Rows(rows[:12], 8, h, 16, 2, 5) },
-		func() { F16ToF32Rows(rows, 4, h, 16, 2, 5) }, // rows would overlap
+		func() { F16ToF32Rows(make([]float32, 64), 8, h, 16, 4, 5, nil) }, // src too short for four rows
+		func() { F16ToF32Rows(rows[:12], 8, h, 16, 2, 5, nil) },
+		func() { F16ToF32Rows(rows, 4, h, 16, 2, 5, nil) }, // rows would overlap
 	} {
 		func() {
 			defer func() {

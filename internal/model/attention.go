@@ -307,7 +307,7 @@ func (j *attnJob) pack(tl *attnTile, kvh int) {
 		if kp == nil {
 			// F16 keys are converted into the values' slots, spread into
 			// their columns below, then overwritten by the values.
-			kernels.F16ToF32Rows(vp[c0*hd:], hd, kp16[off*kvdim+kvo:], kvdim, cnt, hd)
+			kernels.F16ToF32Rows(vp[c0*hd:], hd, kp16[off*kvdim+kvo:], kvdim, cnt, hd, nil)
 		}
 		for t := range cnt {
 			at := (off+t)*kvdim + kvo
@@ -325,7 +325,7 @@ func (j *attnJob) pack(tl *attnTile, kvh int) {
 			}
 		}
 		if kp == nil {
-			kernels.F16ToF32Rows(vp[c0*hd:], hd, vp16[off*kvdim+kvo:], kvdim, cnt, hd)
+			kernels.F16ToF32Rows(vp[c0*hd:], hd, vp16[off*kvdim+kvo:], kvdim, cnt, hd, nil)
 		}
 		p += cnt
 	}
@@ -417,8 +417,12 @@ func (j *attnJob) decode(task int, b *attnBuf) {
 	f16 := v.K(l, 0) == nil
 	kvo := kvh * hd
 
-	// The group's query rows as columns: qt[d*gp + g], zero past group.
-	gp := (group + 15) &^ 15
+	// The group's query rows as columns: qt[d*gp + g], zero past group
+	// (padded to the kernels' vector width: 3 query heads per KV head
+	// compute 8 columns on AVX2, 16 on AVX-512; each output is its own
+	// FMA chain, so the padding never changes a score's bits).
+	lanes := kernels.AttnLanes()
+	gp := (group + lanes - 1) / lanes * lanes
 	b.q = grow(b.q, hd*gp)
 	clear(b.q)
 	// (b.o holds the rows meanwhile, rounded to F16 for an F16 cache.)
@@ -442,7 +446,15 @@ func (j *attnJob) decode(task int, b *attnBuf) {
 		page := p / ps
 		t0 := max(0, lo-p)
 		cnt := min(ps, n-p)
-		keys, ks := j.pageRows(b, f16, v.K(l, page), v.K16(l, page), t0, cnt, kvo, kvdim, hd, 0)
+		// Prefetched meanwhile: the next page's keys, after the last the
+		// first page's values.
+		var next []uint16
+		if f16 && p+ps < n {
+			next = v.K16(l, page+1)[kvo:]
+		} else if f16 {
+			next = v.V16(l, lo/ps)[kvo:]
+		}
+		keys, ks := j.pageRows(b, f16, v.K(l, page), v.K16(l, page), next, t0, cnt, kvo, kvdim, hd, 0)
 		kernels.AttnGemm(b.st, gp, keys, ks, b.q, gp, cnt-t0, gp, hd, c.Scale())
 		for t := t0; t < cnt; t++ {
 			col := p + t - lo
@@ -462,7 +474,11 @@ func (j *attnJob) decode(task int, b *attnBuf) {
 		page := p / ps
 		t0 := max(0, lo-p)
 		cnt := min(ps, n-p)
-		vals, vs := j.pageRows(b, f16, v.V(l, page), v.V16(l, page), t0, cnt, kvo, kvdim, hd, 1)
+		var next []uint16
+		if f16 && p+ps < n {
+			next = v.V16(l, page+1)[kvo:]
+		}
+		vals, vs := j.pageRows(b, f16, v.V(l, page), v.V16(l, page), next, t0, cnt, kvo, kvdim, hd, 1)
 		kernels.AttnGemmAcc(b.o, hd, b.scores[p+t0-lo:], seen, vals, vs, group, hd, cnt-t0)
 	}
 	copy(s.att[r*qdim+kvh*gw:r*qdim+(kvh+1)*gw], b.o)
@@ -470,8 +486,9 @@ func (j *attnJob) decode(task int, b *attnBuf) {
 
 // pageRows returns rows [t0, cnt) of a page's KV head (at column kvo) as
 // F32 rows and their stride: the page itself for an F32 cache, else the
-// rows converted into one of b's buffers (which: 0 keys, 1 values).
-func (j *attnJob) pageRows(b *attnBuf, f16 bool, p32 []float32, p16 []uint16, t0, cnt, kvo, kvdim, hd, which int) ([]float32, int) {
+// rows converted into one of b's buffers (which: 0 keys, 1 values) while
+// next (the page read after this one, from the same column) is prefetched.
+func (j *attnJob) pageRows(b *attnBuf, f16 bool, p32 []float32, p16, next []uint16, t0, cnt, kvo, kvdim, hd, which int) ([]float32, int) {
 	if !f16 {
 		return p32[t0*kvdim+kvo:], kvdim
 	}
@@ -480,7 +497,7 @@ func (j *attnJob) pageRows(b *attnBuf, f16 bool, p32 []float32, p16 []uint16, t0
 		buf = &b.v32
 	}
 	*buf = grow(*buf, (cnt-t0)*hd)
-	kernels.F16ToF32Rows(*buf, hd, p16[t0*kvdim+kvo:], kvdim, cnt-t0, hd)
+	kernels.F16ToF32Rows(*buf, hd, p16[t0*kvdim+kvo:], kvdim, cnt-t0, hd, next)
 	return *buf, hd
 }
 
