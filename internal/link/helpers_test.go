@@ -160,6 +160,28 @@ func down(t testing.TB, tr Transport) Inbound {
 	return in
 }
 
+// linksGone waits (at most 10s) until tr holds no link, reading the
+// PeerDowns of those that end meanwhile (a link's reader reports its end
+// on the inbox, so an unread inbox would hold it up). After the first
+// PeerDown from a node, others may still be on their way: each side's
+// dialled link is a link of its own.
+func linksGone(t testing.TB, tr Transport) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for stats(tr).Links > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d links still up after 10s", stats(tr).Links)
+		}
+		select {
+		case in := <-tr.Inbox():
+			if in.Down == nil {
+				t.Fatalf("got %v from %v while waiting for links to end", in.Msg.Type(), in.From)
+			}
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
 // quiet checks that nothing is waiting in tr's inbox.
 func quiet(t testing.TB, tr Transport) {
 	t.Helper()

@@ -264,6 +264,10 @@ func TestPeerDown(t *testing.T) {
 			if in := down(t, prefill); in.From.Name != dc {
 				t.Errorf("PeerDown from %v, want %s", in.From, dc)
 			}
+			// Both links with decode (each side dialled one) end; until
+			// the second's reader has noticed, a Send on it could still
+			// be accepted by the stream (gRPC buffers it): CI saw that.
+			linksGone(t, prefill)
 			err := prefill.Send(t.Context(), dc, &transfer.Heartbeat{Ref: testRef()})
 			if err == nil {
 				t.Fatal("send to a closed node succeeded")
