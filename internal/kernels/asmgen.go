@@ -492,10 +492,7 @@ func qAVX2x2(isa, kind string) {
 		for j := 0; j < 4; j++ {
 			for _, st := range streams {
 				for h := 0; h < 2; h++ {
-					p("\tVMOVDQU %d(%s), Y3", 64*j+32*h, st.w)
-					p("\tVPSRLW $4, Y3, Y4")
-					p("\tVPAND Y12, Y3, Y3")
-					p("\tVPAND Y12, Y4, Y4")
+					qNibbles(fmt.Sprintf("%d(%s)", 64*j+32*h, st.w), 3, 4, 12)
 					p("\tVPBROADCASTD %d(DI), Y2", 4*j)
 					qAVX2Half(isa, kind, "Y3", st.accs[h])
 					p("\tVPBROADCASTD %d(DI), Y2", 4*(j+4))
@@ -595,6 +592,15 @@ func qAVX2Half(isa, kind, src string, acc int) {
 	p("\tVPADDD Y5, Y%d, Y%d", acc, acc)
 }
 
+// qNibbles loads 32 bytes of packed Q4_0 nibbles from src and splits
+// them: Y(lo) the low nibbles, Y(hi) the high ones (Y(mask) holds 0x0f).
+func qNibbles(src string, lo, hi, mask int) {
+	p("\tVMOVDQU %s, Y%d", src, lo)
+	p("\tVPSRLW $4, Y%d, Y%d", lo, hi)
+	p("\tVPAND Y%d, Y%d, Y%d", mask, lo, lo)
+	p("\tVPAND Y%d, Y%d, Y%d", mask, hi, hi)
+}
+
 // regY is the number of the ymm register named s ("Y7" -> 7).
 func regY(s string) int {
 	var n int
@@ -687,10 +693,7 @@ func qAVX2(isa, kind string) {
 		p("\tSHLQ $2, R13")
 		for j := 0; j < 4; j++ {
 			for h := 0; h < 2; h++ {
-				p("\tVMOVDQU %d(SI), Y6", 64*j+32*h)
-				p("\tVPSRLW $4, Y6, Y7")
-				p("\tVPAND Y12, Y6, Y6")
-				p("\tVPAND Y12, Y7, Y7")
+				qNibbles(fmt.Sprintf("%d(SI)", 64*j+32*h), 6, 7, 12)
 				p("\tVPBROADCASTD (DX), Y2")
 				qAVX2Half(isa, kind, "Y6", h)
 				p("\tVPBROADCASTD (DX)(R13*1), Y2")
@@ -1411,10 +1414,7 @@ func qAVX2Multi(isa, kind string, w, a int) {
 			p("\tADDQ $512, SI")
 		} else {
 			for j := 0; j < 4; j++ {
-				p("\tVMOVDQU %d(SI), Y8", 64*j)
-				p("\tVPSRLW $4, Y8, Y9")
-				p("\tVPAND Y13, Y8, Y8")
-				p("\tVPAND Y13, Y9, Y9")
+				qNibbles(fmt.Sprintf("%d(SI)", 64*j), 8, 9, 13)
 				for i := 0; i < a; i++ {
 					p("\tVPBROADCASTD %d(DI), Y10", xoff(j, i))
 					p("\tVPBROADCASTD %d(DI), Y11", xoff(j+4, i))
@@ -1443,10 +1443,7 @@ func qAVX2Multi(isa, kind string, w, a int) {
 		p("\tADDQ $512, SI")
 	default:
 		for j := 0; j < 4; j++ {
-			p("\tVMOVDQU %d(SI), Y8", 64*j)
-			p("\tVPSRLW $4, Y8, Y9")
-			p("\tVPAND Y13, Y8, Y8")
-			p("\tVPAND Y13, Y9, Y9")
+			qNibbles(fmt.Sprintf("%d(SI)", 64*j), 8, 9, 13)
 			for i := 0; i < a; i++ {
 				p("\tVPBROADCASTD %d(DI), Y10", xoff(j, i))
 				if j == 0 {
