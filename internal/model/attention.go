@@ -298,34 +298,28 @@ func (j *attnJob) pack(tl *attnTile, kvh int) {
 	for p := tl.plo; p < end; {
 		page, off := p/ps, p%ps
 		cnt := min(ps-off, end-p)
-		kp, vpg := v.K(l, page), v.V(l, page)
-		var kp16, vp16 []uint16
-		if kp == nil {
-			kp16, vp16 = v.K16(l, page), v.V16(l, page)
-		}
 		c0 := p - tl.plo
-		if kp == nil {
+		at0 := off*kvdim + kvo
+		if kp := v.K(l, page); kp != nil {
+			vpg := v.V(l, page)
+			for t := range cnt {
+				at, col := at0+t*kvdim, c0+t
+				for d, x := range kp[at : at+hd] {
+					kt[d*npad+col] = x
+				}
+				copy(vp[col*hd:(col+1)*hd], vpg[at:at+hd])
+			}
+		} else {
 			// F16 keys are converted into the values' slots, spread into
-			// their columns below, then overwritten by the values.
-			kernels.F16ToF32Rows(vp[c0*hd:], hd, kp16[off*kvdim+kvo:], kvdim, cnt, hd, nil)
-		}
-		for t := range cnt {
-			at := (off+t)*kvdim + kvo
-			col := c0 + t
-			vdst := vp[col*hd : (col+1)*hd]
-			src := vdst
-			if kp != nil {
-				src = kp[at : at+hd]
+			// their columns, then overwritten by the values.
+			rows := vp[c0*hd : (c0+cnt)*hd]
+			kernels.F16ToF32Rows(rows, hd, v.K16(l, page)[at0:], kvdim, cnt, hd, nil)
+			for t := range cnt {
+				for d, x := range rows[t*hd : (t+1)*hd] {
+					kt[d*npad+c0+t] = x
+				}
 			}
-			for d, x := range src {
-				kt[d*npad+col] = x
-			}
-			if kp != nil {
-				copy(vdst, vpg[at:at+hd])
-			}
-		}
-		if kp == nil {
-			kernels.F16ToF32Rows(vp[c0*hd:], hd, vp16[off*kvdim+kvo:], kvdim, cnt, hd, nil)
+			kernels.F16ToF32Rows(rows, hd, v.V16(l, page)[at0:], kvdim, cnt, hd, nil)
 		}
 		p += cnt
 	}
