@@ -285,8 +285,6 @@ func (a *auditor) replay(ctx context.Context, j auditJob) {
 		a.count("match")
 		return
 	}
-	a.mismatches.Inc()
-	a.count("mismatch")
 	// Never the text: positions and values say where to look; the
 	// request id and tenant say whose answer it was.
 	attrs := []any{"tenant", string(orig.Tenant), "request_id", orig.ID.String(), "first_difference_at", bad[0],
@@ -296,6 +294,10 @@ func (a *auditor) replay(ctx context.Context, j auditJob) {
 	// withdrawn (pages in the log as node:page@epoch).
 	attrs = append(attrs, a.forensics(ctx, orig)...)
 	a.s.log.Error("replay audit mismatch: an answer's log-probabilities differ from its teacher-forced re-score on fresh pages", attrs...)
+	// Counted after the line is written, so whoever sees the count can
+	// find the line.
+	a.mismatches.Inc()
+	a.count("mismatch")
 }
 
 // truncatedInts is v, at most n of it, for a log line.

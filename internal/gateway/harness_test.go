@@ -55,7 +55,7 @@ type harness struct {
 	fake *gatewaytest.Fake
 	srv  *gateway.Server
 	ts   *httptest.Server
-	logs *bytes.Buffer
+	logs *logBuffer
 }
 
 type harnessOpt func(*gateway.Config)
@@ -67,11 +67,11 @@ func newHarness(t *testing.T, fake *gatewaytest.Fake, opts ...harnessOpt) *harne
 	if fake == nil {
 		fake = gatewaytest.NewFake()
 	}
-	logs := &bytes.Buffer{}
+	logs := &logBuffer{}
 	cfg := gateway.Config{
 		Backend: fake,
 		Tenants: testTenants(tenants.Limits{}, tenants.Limits{}),
-		Logger:  slog.New(slog.NewJSONHandler(&lockedWriter{w: logs}, nil)),
+		Logger:  slog.New(slog.NewJSONHandler(logs, nil)),
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -85,15 +85,29 @@ func newHarness(t *testing.T, fake *gatewaytest.Fake, opts ...harnessOpt) *harne
 	return &harness{t: t, fake: fake, srv: srv, ts: ts, logs: logs}
 }
 
-type lockedWriter struct {
-	mu sync.Mutex
-	w  io.Writer
+// logBuffer is the server's log, written by its goroutines (handlers,
+// the auditor) while a test reads it: every access takes the lock.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
 }
 
-func (l *lockedWriter) Write(p []byte) (int, error) {
+func (l *logBuffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.w.Write(p)
+	return l.buf.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+func (l *logBuffer) Reset() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf.Reset()
 }
 
 type response struct {
