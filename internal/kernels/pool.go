@@ -4,6 +4,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Pool is a fixed set of worker goroutines that split index ranges among
@@ -18,10 +19,11 @@ import (
 // caller does the chunks it would have done, and waits only for workers that
 // actually took a chunk. A worker that wakes after its Run is over finds the
 // Run's generation gone and goes back to sleep without touching anything.
-// After a Run a worker polls for the next one for some tens of µs before it
-// parks (decode issues Runs a few µs apart and a parked goroutine takes
-// about that long to wake), so an active pool keeps its workers' CPUs busy
-// between Runs; an idle one costs nothing.
+// After a Run a worker polls for the next one for about a millisecond
+// before it parks (decode issues Runs microseconds apart, and a parked
+// goroutine on a virtual machine can take hundreds of them to wake), so an
+// active pool keeps its workers' CPUs busy between Runs; an idle one
+// costs nothing.
 //
 // A nil *Pool is valid and runs everything inline on the caller.
 // Run may be called from several goroutines; a Run that finds the workers
@@ -71,12 +73,24 @@ const (
 	maxThreads      = 1<<stActiveBits - 1
 	maxChunks       = stNextMask
 
-	// waitSpins is how long a caller polls for workers to leave their
-	// chunks before it sleeps (a few µs).
-	waitSpins = 4096
-	// idleSpins is how long a worker polls for a next Run before it parks
-	// (tens of µs).
-	idleSpins = 1 << 14
+	// waitSpin is how long a caller polls for workers to leave their
+	// chunks before it sleeps, and idleSpin how long a worker polls for a
+	// next Run before it parks. On a virtual machine a parked goroutine's
+	// CPU halts, and waking it (an inter-processor interrupt through the
+	// hypervisor) took 100–300 µs on the 2-vCPU VMs this was measured on:
+	// with the earlier bounds of a few thousand polls (10–100 µs), a
+	// 16-sequence decode step parked the caller in a third of its 151 Runs
+	// and the worker arrived 100–300 µs late to about 30 of them, nearly a
+	// Run's length. Polling through decode's longest gap between Runs (the
+	// ~1 ms between steps: sampling, page bookkeeping) keeps both awake
+	// while a step is running; an idle pool still parks within a
+	// millisecond.
+	waitSpin = 250 * time.Microsecond
+	idleSpin = time.Millisecond
+	// yieldPolls is how many polls go between runtime.Gosched calls while
+	// spinning, so that other goroutines of the process (HTTP handlers,
+	// the scheduler) are not shut out of a CPU for a whole spin.
+	yieldPolls = 1024
 )
 
 // task is one Run as a worker sees it; it travels by value so that a late
@@ -148,15 +162,21 @@ func (p *Pool) worker(ch chan task) {
 
 // next waits for the worker's next task. Decode issues Runs a few µs apart,
 // so the worker polls for a while before it parks: a parked goroutine takes
-// microseconds to wake, about the length of a whole small Run.
+// from microseconds to a few hundred of them to wake (see idleSpin).
 func (p *Pool) next(ch chan task) (task, bool) {
-	for spin := 0; spin < idleSpins; spin++ {
+	var deadline time.Time
+	for spin := 1; ; spin++ {
 		select {
 		case t, ok := <-ch:
 			return t, ok
 		default:
 		}
-		if spin%64 == 63 {
+		if spin%yieldPolls == 0 {
+			if deadline.IsZero() {
+				deadline = time.Now().Add(idleSpin)
+			} else if time.Now().After(deadline) {
+				break
+			}
 			runtime.Gosched()
 		}
 	}
@@ -280,13 +300,20 @@ func (p *Pool) RunGrain(n, grain int, fn func(lo, hi int)) {
 	// Every chunk is claimed; wait for the workers still inside one. They
 	// are at most one chunk from done, so spin a little before sleeping:
 	// waking a parked goroutine costs microseconds.
-	for spin := 0; ; spin++ {
+	var deadline time.Time
+	spinning := true
+	for spin := 1; ; spin++ {
 		v := p.state.Load()
 		if v&stActiveMask == 0 {
 			break
 		}
-		if spin < waitSpins {
-			if spin%64 == 63 {
+		if spinning {
+			if spin%yieldPolls == 0 {
+				if deadline.IsZero() {
+					deadline = time.Now().Add(waitSpin)
+				} else if time.Now().After(deadline) {
+					spinning = false
+				}
 				runtime.Gosched()
 			}
 			continue
