@@ -325,6 +325,40 @@ cvty_done:
 	VZEROUPPER
 	RET
 
+// func f32ToF16sAVX2(dst *uint16, src *float32, n int)
+// VCVTPS2PH rounding to nearest even: exactly f32ToF16, NaN payloads
+// included.
+TEXT ·f32ToF16sAVX2(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+
+cvth_loop:
+	CMPQ CX, $8
+	JL   cvth_tail
+	VMOVUPS (SI), Y0
+	VCVTPS2PH $0, Y0, (DI)
+	ADDQ $32, SI
+	ADDQ $16, DI
+	SUBQ $8, CX
+	JMP  cvth_loop
+
+cvth_tail:
+	TESTQ CX, CX
+	JZ    cvth_done
+	VMOVSS (SI), X0
+	VCVTPS2PH $0, X0, X0
+	VMOVD X0, AX
+	MOVW AX, (DI)
+	ADDQ $4, SI
+	ADDQ $2, DI
+	DECQ CX
+	JMP  cvth_tail
+
+cvth_done:
+	VZEROUPPER
+	RET
+
 // func axpyAVX512(dst *float32, a float32, x *float32, n int)
 TEXT ·axpyAVX512(SB), NOSPLIT, $0-32
 	MOVQ dst+0(FP), DI

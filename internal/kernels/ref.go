@@ -84,6 +84,13 @@ func f16ToF32sRef(dst []float32, src []uint16) {
 	}
 }
 
+func f32ToF16sRef(dst []uint16, src []float32) {
+	src = src[:len(dst)]
+	for i := range dst {
+		dst[i] = f32ToF16(src[i])
+	}
+}
+
 func f16ToF32RowsRef(dst []float32, ds int, src []uint16, ss, rows, cols int, _ []uint16) {
 	for i := range rows {
 		f16ToF32sRef(dst[i*ds:i*ds+cols], src[i*ss:i*ss+cols])

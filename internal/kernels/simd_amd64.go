@@ -77,6 +77,7 @@ var (
 	axpyVariants      = []variant[func(dst []float32, a float32, x []float32)]{{"ref", axpyRef}}
 	axpyF16Variants   = []variant[func(dst []float32, a float32, x []uint16)]{{"ref", axpyF16Ref}}
 	f16ToF32sVariants = []variant[func(dst []float32, src []uint16)]{{"ref", f16ToF32sRef}}
+	f32ToF16sVariants = []variant[func(dst []uint16, src []float32)]{{"ref", f32ToF16sRef}}
 	f16RowsVariants   = []variant[f16RowsFn]{{"ref", f16ToF32RowsRef}}
 	qTileVariants     = []variant[qTileFn]{{"ref", qTileRef}}
 	gemmF32Variants   = []variant[gemmF32Fn]{{"ref", gemmF32Ref}}
@@ -92,6 +93,7 @@ func init() {
 		dotVariants = append(dotVariants, variant[func(a, b []float32) float32]{"avx2", dotAVX2})
 		dotF16Variants = append(dotF16Variants, variant[func(a []float32, b []uint16) float32]{"avx2", dotF16AVX2Go})
 		f16ToF32sVariants = append(f16ToF32sVariants, variant[func(dst []float32, src []uint16)]{"avx2", f16ToF32sAVX2Go})
+		f32ToF16sVariants = append(f32ToF16sVariants, variant[func(dst []uint16, src []float32)]{"avx2", f32ToF16sAVX2Go})
 		f16RowsVariants = append(f16RowsVariants, variant[f16RowsFn]{"avx2", f16ToF32RowsAVX2Go})
 		qTileVariants = append(qTileVariants, variant[qTileFn]{"avx2", qTileAVX2})
 		gemmF32Variants = append(gemmF32Variants, variant[gemmF32Fn]{"avx2", gemmF32AVX2})
@@ -175,6 +177,14 @@ func f16ToF32sAVX2Go(dst []float32, src []uint16) {
 	}
 	src = src[:len(dst)]
 	f16ToF32sAVX2(&dst[0], &src[0], len(dst))
+}
+
+func f32ToF16sAVX2Go(dst []uint16, src []float32) {
+	if len(dst) == 0 {
+		return
+	}
+	src = src[:len(dst)]
+	f32ToF16sAVX2(&dst[0], &src[0], len(dst))
 }
 
 // f16ToF32RowsAVX2Go converts with one call per block of rows when each

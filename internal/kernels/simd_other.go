@@ -28,6 +28,7 @@ var (
 	axpyVariants      = []variant[func(dst []float32, a float32, x []float32)]{{"ref", axpyRef}}
 	axpyF16Variants   = []variant[func(dst []float32, a float32, x []uint16)]{{"ref", axpyF16Ref}}
 	f16ToF32sVariants = []variant[func(dst []float32, src []uint16)]{{"ref", f16ToF32sRef}}
+	f32ToF16sVariants = []variant[func(dst []uint16, src []float32)]{{"ref", f32ToF16sRef}}
 	f16RowsVariants   = []variant[f16RowsFn]{{"ref", f16ToF32RowsRef}}
 	qTileVariants     = []variant[qTileFn]{{"ref", qTileRef}}
 	gemmF32Variants   = []variant[gemmF32Fn]{{"ref", gemmF32Ref}}

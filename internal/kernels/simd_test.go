@@ -163,6 +163,51 @@ func TestF16ToF32sVariants(t *testing.T) {
 	}
 }
 
+// TestF32ToF16sVariants: every F32ToF16s implementation rounds exactly as
+// the reference: every half's value and the midpoints between neighbours
+// (ties to even), the range's edges (overflow to infinity, subnormals,
+// underflow to zero), NaNs with payloads, random bit patterns; and writes
+// nothing around dst.
+func TestF32ToF16sVariants(t *testing.T) {
+	rng := newRand(13)
+	var src []float32
+	for h := range 1 << 16 {
+		v := f16ToF32(uint16(h))
+		src = append(src, v, math.Nextafter32(v, float32(math.Inf(1))), math.Nextafter32(v, float32(math.Inf(-1))))
+		if h&0x7c00 != 0x7c00 && h&0x7fff != 0x7bff {
+			// the midpoint to the next half up in magnitude
+			src = append(src, (v+f16ToF32(uint16(h+1)))/2)
+		}
+	}
+	for _, b := range []uint32{0x7f800001, 0xffc00000, 0x7fbfffff, 0x7fe01234, 0x477ff000, 0x477fefff, 0x33000000, 0x33000001, 0x32ffffff, 0x00000001, 0x80800000} {
+		src = append(src, math.Float32frombits(b))
+	}
+	for range 1 << 16 {
+		src = append(src, math.Float32frombits(rng.Uint32()))
+	}
+	for _, v := range f32ToF16sVariants {
+		dst := make([]uint16, len(src)+8)
+		v.fn(dst[4:len(src)+4], src)
+		for i, x := range src {
+			if got, want := dst[4+i], f32ToF16(x); got != want {
+				t.Fatalf("%s: %#08x -> %#04x, want %#04x", v.name, math.Float32bits(x), got, want)
+			}
+		}
+		for _, i := range []int{0, 1, 2, 3, len(src) + 4, len(src) + 5, len(src) + 6, len(src) + 7} {
+			if dst[i] != 0 {
+				t.Fatalf("%s wrote outside dst at %d", v.name, i)
+			}
+		}
+		for _, n := range testLengths() {
+			out := make([]uint16, n+1)
+			v.fn(out[:n], src[:n])
+			if out[n] != 0 {
+				t.Fatalf("%s: length %d wrote past the end", v.name, n)
+			}
+		}
+	}
+}
+
 // TestF16ToF32RowsVariants: strided conversion gives every row the exact
 // values of the reference and writes nothing between or around the rows
 // (head dimensions of the model families, and ones no whole vector

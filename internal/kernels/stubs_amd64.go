@@ -24,6 +24,9 @@ func f16ToF32sAVX512(dst *float32, src *uint16, n int)
 func f16ToF32sAVX2(dst *float32, src *uint16, n int)
 
 //go:noescape
+func f32ToF16sAVX2(dst *uint16, src *float32, n int)
+
+//go:noescape
 func f16ToF32RowsAVX2(dst *float32, ds int, src *uint16, ss int, rows, cols int, pf *uint16)
 
 //go:noescape

@@ -91,6 +91,7 @@ func install(r int) {
 	axpyImpl = pick(axpyVariants, r)
 	axpyF16Impl = pick(axpyF16Variants, r)
 	f16ToF32sImpl = pick(f16ToF32sVariants, r)
+	f32ToF16sImpl = pick(f32ToF16sVariants, r)
 	f16RowsImpl = pick(f16RowsVariants, r)
 	qTileImpl = pick(qTileVariants, r)
 	gemmF32Impl = pick(gemmF32Variants, r)

@@ -13,6 +13,7 @@ var (
 	axpyImpl      = axpyRef
 	axpyF16Impl   = axpyF16Ref
 	f16ToF32sImpl = f16ToF32sRef
+	f32ToF16sImpl = f32ToF16sRef
 	f16RowsImpl   = f16ToF32RowsRef
 	qTileImpl     = qTileRef
 	gemmF32Impl   = gemmF32Generic
@@ -81,12 +82,12 @@ func F16ToF32Rows(dst []float32, ds int, src []uint16, ss, rows, cols int, next 
 	f16RowsImpl(dst, ds, src, ss, rows, cols, next)
 }
 
-// F32ToF16s rounds src to half precision (nearest even) into dst.
+// F32ToF16s rounds src to half precision (nearest even) into dst, as
+// F16C's VCVTPS2PH does (a NaN keeps its sign and the top of its payload,
+// made quiet).
 func F32ToF16s(dst []uint16, src []float32) {
 	mustLen("F32ToF16s", len(src), len(dst))
-	for i, v := range src {
-		dst[i] = f32ToF16(v)
-	}
+	f32ToF16sImpl(dst, src)
 }
 
 // RMSNorm sets dst = x / sqrt(mean(x²) + eps) * w, as llama.cpp's rms_norm

@@ -241,11 +241,8 @@ func (m *Model) layer(pool *kernels.Pool, l int, in []Input, s *Scratch, total i
 				copy(kp[off:off+kvdim], kr)
 				copy(v.V(l, page)[off:off+kvdim], vr)
 			} else {
-				k16, v16 := v.K16(l, page)[off:off+kvdim], v.V16(l, page)[off:off+kvdim]
-				for d := range kvdim {
-					k16[d] = quant.F32ToF16(kr[d])
-					v16[d] = quant.F32ToF16(vr[d])
-				}
+				kernels.F32ToF16s(v.K16(l, page)[off:off+kvdim], kr)
+				kernels.F32ToF16s(v.V16(l, page)[off:off+kvdim], vr)
 			}
 			row++
 		}
