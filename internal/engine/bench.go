@@ -99,7 +99,7 @@ func (e *Engine) BenchBatch(seqs, promptLen, genLen int) (BenchResult, error) {
 			}
 			in[i] = model.Input{Tokens: next[i : i+1 : i+1], View: v, Logits: model.LogitsLast}
 		}
-		out, err := e.Model.Forward(e.Compute, in, &e.scratch)
+		out, err := e.Model.ForwardReusing(e.Compute, in, &e.scratch)
 		if err != nil {
 			return r, err
 		}

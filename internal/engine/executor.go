@@ -45,7 +45,10 @@ func (x *Executor) Execute(ctx context.Context, b *sched.Batch) ([]sched.Outcome
 		}
 		in[i] = model.Input{Tokens: it.Tokens, View: it.View, Logits: mode}
 	}
-	logits, err := x.e.Model.Forward(x.e.Compute, in, &x.e.scratch)
+	// The rows live in the engine's scratch until the next step: everything
+	// below (scores, draws, the copy for logprobs) is done with them before
+	// Execute returns, and no outcome keeps a slice of them.
+	logits, err := x.e.Model.ForwardReusing(x.e.Compute, in, &x.e.scratch)
 	if err != nil {
 		return nil, fmt.Errorf("engine: step %d: %w", b.Step, err)
 	}

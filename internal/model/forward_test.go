@@ -3,6 +3,7 @@ package model_test
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 
@@ -102,6 +103,44 @@ func testBatchEquivalence(t *testing.T, m *model.Model, dt kvcache.DType, prefil
 	}
 	if err := mix.kv.CheckInvariants(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestForwardReusing: logits computed into the Scratch's buffer have the
+// bits of Forward's fresh ones, step after step, as the buffer's rows are
+// reused by batches of other sizes (a prefill's every row, then decodes of
+// two sequences, then of one), and every row returned ends at its own
+// end: nothing of another row or an earlier step is reachable through it.
+func TestForwardReusing(t *testing.T) {
+	m := builtin(t, "tiny-q8_0")
+	vocab := m.Config.Vocab
+	fresh, reused := newRunner(t, m, kvcache.F16, 64), newRunner(t, m, kvcache.F16, 64)
+	reused.reuse = true
+	fa, fb := fresh.seq("a"), fresh.seq("b")
+	ra, rb := reused.seq("a"), reused.seq("b")
+	steps := [][2][]part{
+		{{{fa, tokens(1, 21, vocab), model.LogitsAll}, {fb, tokens(2, 9, vocab), model.LogitsLast}},
+			{{ra, tokens(1, 21, vocab), model.LogitsAll}, {rb, tokens(2, 9, vocab), model.LogitsLast}}},
+		{{{fa, []int{5}, model.LogitsLast}, {fb, []int{7}, model.LogitsLast}},
+			{{ra, []int{5}, model.LogitsLast}, {rb, []int{7}, model.LogitsLast}}},
+		{{{fb, []int{11}, model.LogitsLast}}, {{rb, []int{11}, model.LogitsLast}}},
+	}
+	for k, st := range steps {
+		want := fresh.step(st[0]...)
+		got := reused.step(st[1]...)
+		for i := range want {
+			if len(got[i]) != len(want[i]) || cap(got[i]) != len(got[i]) {
+				t.Fatalf("step %d, input %d: %d logits (capacity %d), want %d", k, i, len(got[i]), cap(got[i]), len(want[i]))
+			}
+			for j := range want[i] {
+				if math.Float32bits(got[i][j]) != math.Float32bits(want[i][j]) {
+					t.Fatalf("step %d, input %d, logit %d: %v, Forward gives %v", k, i, j, got[i][j], want[i][j])
+				}
+			}
+		}
+	}
+	if _, err := m.ForwardReusing(nil, nil, nil); err == nil {
+		t.Error("ForwardReusing without a Scratch succeeded")
 	}
 }
 

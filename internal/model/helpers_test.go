@@ -63,6 +63,7 @@ type runner struct {
 	kv      *kvcache.Pool
 	compute *kernels.Pool
 	scratch model.Scratch
+	reuse   bool // step calls ForwardReusing
 }
 
 func newRunner(t testing.TB, m *model.Model, dt kvcache.DType, pages int) *runner {
@@ -94,7 +95,11 @@ func (r *runner) step(parts ...part) [][]float32 {
 		}
 		in[i] = model.Input{Tokens: p.tokens, View: v, Logits: p.mode}
 	}
-	out, err := r.m.Forward(r.compute, in, &r.scratch)
+	forward := r.m.Forward
+	if r.reuse {
+		forward = r.m.ForwardReusing
+	}
+	out, err := forward(r.compute, in, &r.scratch)
 	if err != nil {
 		r.t.Fatal(err)
 	}
