@@ -34,7 +34,7 @@ func (e *Engine) Bench(promptLen, genLen int) (BenchResult, error) {
 		prompt[i] = int(x>>8) % vocab
 	}
 	start := time.Now()
-	logits, err := e.step(seq, prompt, model.LogitsLast)
+	logits, err := e.step(seq, prompt, model.LogitsLast, true)
 	if err != nil {
 		return r, err
 	}
@@ -42,7 +42,7 @@ func (e *Engine) Bench(promptLen, genLen int) (BenchResult, error) {
 	start = time.Now()
 	for i := 0; i < genLen; i++ {
 		next := sample.Argmax(logits)
-		if logits, err = e.step(seq, []int{next}, model.LogitsLast); err != nil {
+		if logits, err = e.step(seq, []int{next}, model.LogitsLast, true); err != nil {
 			return r, err
 		}
 	}
@@ -79,7 +79,7 @@ func (e *Engine) BenchBatch(seqs, promptLen, genLen int) (BenchResult, error) {
 			x = x*1664525 + 1013904223
 			prompt[j] = int(x>>8) % vocab
 		}
-		logits, err := e.step(seq, prompt, model.LogitsLast)
+		logits, err := e.step(seq, prompt, model.LogitsLast, true)
 		if err != nil {
 			return r, err
 		}

@@ -100,14 +100,14 @@ func benchDecodeOne(b *testing.B, m *model.Model, scrub kvcache.ScrubPolicy) {
 	for range b.N {
 		b.StopTimer()
 		seq := e.KV.NewSequence(owner)
-		logits, err := e.step(seq, prompt, model.LogitsLast)
+		logits, err := e.step(seq, prompt, model.LogitsLast, true)
 		if err != nil {
 			b.Fatal(err)
 		}
 		b.StartTimer()
 		start := time.Now()
 		for range benchDecode {
-			if logits, err = e.step(seq, []int{sample.Argmax(logits)}, model.LogitsLast); err != nil {
+			if logits, err = e.step(seq, []int{sample.Argmax(logits)}, model.LogitsLast, true); err != nil {
 				b.Fatal(err)
 			}
 		}

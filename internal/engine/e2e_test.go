@@ -514,7 +514,7 @@ func TestPoisonIsVisible(t *testing.T) {
 		}
 		a := e.KV.NewSequence(request.Owner{Tenant: "a", ID: request.NewID()})
 		x.checkKV(1, it(a, 5), 5, "fresh page")
-		if _, err := e.step(a, []int{1, 2, 3, 4, 5}, model.LogitsLast); err != nil {
+		if _, err := e.step(a, []int{1, 2, 3, 4, 5}, model.LogitsLast, true); err != nil {
 			t.Fatal(err)
 		}
 		x.checkKV(2, it(a, 1), 5, "written positions")

@@ -105,7 +105,11 @@ func rate(n int, d time.Duration) float64 {
 // (kvcache.Pool.DropBefore): the next position, Len(), sees keys from
 // Len()-window+1 on, so a long generation holds a window's pages, not the
 // whole context's.
-func (e *Engine) step(seq *kvcache.Sequence, tokens []int, mode model.LogitsMode) ([]float32, error) {
+//
+// With reuse the logits row lives in the engine's scratch and the next
+// step overwrites it (model.ForwardReusing): for callers done with it by
+// then; Score, which keeps every chunk's rows, passes false.
+func (e *Engine) step(seq *kvcache.Sequence, tokens []int, mode model.LogitsMode, reuse bool) ([]float32, error) {
 	if err := e.KV.Reserve(seq, len(tokens)); err != nil {
 		return nil, err
 	}
@@ -113,7 +117,11 @@ func (e *Engine) step(seq *kvcache.Sequence, tokens []int, mode model.LogitsMode
 	if err != nil {
 		return nil, err
 	}
-	out, err := e.Model.Forward(e.Compute, []model.Input{{Tokens: tokens, View: v, Logits: mode}}, &e.scratch)
+	forward := e.Model.Forward
+	if reuse {
+		forward = e.Model.ForwardReusing
+	}
+	out, err := forward(e.Compute, []model.Input{{Tokens: tokens, View: v, Logits: mode}}, &e.scratch)
 	if err != nil {
 		return nil, err
 	}
@@ -162,7 +170,7 @@ func (e *Engine) GenerateParams(ctx context.Context, p request.Params, emit func
 		if hi == len(prompt) {
 			mode = model.LogitsLast
 		}
-		out, err := e.step(seq, prompt[lo:hi], mode)
+		out, err := e.step(seq, prompt[lo:hi], mode, true)
 		if err != nil {
 			return st, request.FinishError, err
 		}
@@ -206,7 +214,7 @@ func (e *Engine) GenerateParams(ctx context.Context, p request.Params, emit func
 		if err := ctx.Err(); err != nil {
 			return st, request.FinishAbort, err
 		}
-		out, err := e.step(seq, []int{next}, model.LogitsLast)
+		out, err := e.step(seq, []int{next}, model.LogitsLast, true)
 		if err != nil {
 			return st, request.FinishError, err
 		}
@@ -225,7 +233,7 @@ func (e *Engine) Score(owner request.Owner, tokens []int) ([][]float32, error) {
 	var rows [][]float32
 	for lo := 0; lo < len(tokens); lo += e.prefillChunk {
 		hi := min(lo+e.prefillChunk, len(tokens))
-		out, err := e.step(seq, tokens[lo:hi], model.LogitsAll)
+		out, err := e.step(seq, tokens[lo:hi], model.LogitsAll, false)
 		if err != nil {
 			return nil, err
 		}

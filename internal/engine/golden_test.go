@@ -200,7 +200,7 @@ func greedyIgnoreEOS(t *testing.T, e *Engine, prompt []int, n int) []int {
 	t.Helper()
 	seq := e.KV.NewSequence(request.Owner{Tenant: "t", ID: request.NewID()})
 	defer e.KV.Release(seq)
-	logits, err := e.step(seq, prompt, model.LogitsLast)
+	logits, err := e.step(seq, prompt, model.LogitsLast, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +214,7 @@ func greedyIgnoreEOS(t *testing.T, e *Engine, prompt []int, n int) []int {
 			}
 		}
 		out = append(out, best)
-		if logits, err = e.step(seq, []int{best}, model.LogitsLast); err != nil {
+		if logits, err = e.step(seq, []int{best}, model.LogitsLast, true); err != nil {
 			t.Fatal(err)
 		}
 	}
