@@ -20,6 +20,7 @@ import (
 	"github.com/pagewarden/pagewarden/internal/kvcache"
 	"github.com/pagewarden/pagewarden/internal/link"
 	"github.com/pagewarden/pagewarden/internal/sched"
+	"github.com/pagewarden/pagewarden/internal/syncbuf"
 	"github.com/pagewarden/pagewarden/internal/transfer"
 )
 
@@ -115,7 +116,7 @@ func TestServeAdminRefused(t *testing.T) {
 		"key but no address": {[]string{"--admin-key", "pw-x"}, "without --admin-listen"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			var stderr syncBuffer
+			var stderr syncbuf.Buffer
 			args := append([]string{"serve", "--model", "builtin:tiny", "--colocated", "--listen", "127.0.0.1:0", "--metrics-listen=", "--config", config}, tc.args...)
 			if code := Main(context.Background(), args, io.Discard, &stderr); code != 2 || !strings.Contains(stderr.String(), tc.want) {
 				t.Errorf("exit %d, want 2 with %q:\n%s", code, tc.want, stderr.String())
@@ -158,7 +159,7 @@ func TestAdminCommand(t *testing.T) {
 		{[]string{"admin", "events", "--url", ts.URL}, `"events": []`},
 		{[]string{"admin", "scrub", "--url", ts.URL}, `"scrubbed": 2`},
 	} {
-		var stdout, stderr syncBuffer
+		var stdout, stderr syncbuf.Buffer
 		if code := MainEnv(context.Background(), tc.args, &stdout, &stderr, env); code != 0 || !strings.Contains(stdout.String(), tc.want) {
 			t.Errorf("%v: exit %d, stdout %s, stderr %s", tc.args, code, stdout.String(), stderr.String())
 		}
@@ -166,15 +167,15 @@ func TestAdminCommand(t *testing.T) {
 	if scrubbed != 1 {
 		t.Errorf("%d scrubs", scrubbed)
 	}
-	var stderr syncBuffer
+	var stderr syncbuf.Buffer
 	if code := Main(context.Background(), []string{"admin", "pages", "--url", ts.URL, "--admin-key", "pw-wrong"}, io.Discard, &stderr); code == 0 || !strings.Contains(stderr.String(), "401") {
 		t.Errorf("wrong key: exit %d, %s", code, stderr.String())
 	}
-	stderr = syncBuffer{}
+	stderr = syncbuf.Buffer{}
 	if code := Main(context.Background(), []string{"admin", "pages", "--url", ts.URL, "--admin-key", key, "--state", "free"}, io.Discard, &stderr); code == 0 || !strings.Contains(stderr.String(), "400") {
 		t.Errorf("bad state: exit %d, %s", code, stderr.String())
 	}
-	stderr = syncBuffer{}
+	stderr = syncbuf.Buffer{}
 	if code := Main(context.Background(), []string{"admin", "pages", "--url", ts.URL}, io.Discard, &stderr); code != 2 {
 		t.Errorf("no key: exit %d, %s", code, stderr.String())
 	}
@@ -288,7 +289,7 @@ func TestServeAdminConfigAndReload(t *testing.T) {
 	_, stderr := serve(t, "--config", config, "--admin-listen", "127.0.0.1:0", "--colocated")
 	base := regexp.MustCompile(`admin on (http://\S+)/admin/`).FindStringSubmatch(stderr)[1]
 	run := func(args ...string) (int, string, string) {
-		var stdout, errb syncBuffer
+		var stdout, errb syncbuf.Buffer
 		code := Main(context.Background(), append(append([]string{"admin"}, args...), "--url", base, "--admin-key", adminKey), &stdout, &errb)
 		return code, stdout.String(), errb.String()
 	}
@@ -331,7 +332,7 @@ func TestServeAdminKeysReload(t *testing.T) {
 	base := regexp.MustCompile(`admin on (http://\S+)/admin/`).FindStringSubmatch(stderr)[1]
 	reload := func(key string) {
 		t.Helper()
-		var stdout, errb syncBuffer
+		var stdout, errb syncbuf.Buffer
 		if code := Main(context.Background(), []string{"admin", "reload", "--url", base, "--admin-key", key}, &stdout, &errb); code != 0 {
 			t.Fatalf("reload: %d %s", code, errb.String())
 		}

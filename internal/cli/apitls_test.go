@@ -19,6 +19,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pagewarden/pagewarden/internal/syncbuf"
 )
 
 // selfSigned writes a certificate for 127.0.0.1 and its key, and returns
@@ -149,7 +151,7 @@ func TestServeTLSFlagsRefused(t *testing.T) {
 		"missing file":       {[]string{"--tls-cert", certFile + ".nope", "--tls-key", keyFile}, "no such file"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			var stderr syncBuffer
+			var stderr syncbuf.Buffer
 			args := append([]string{"serve", "--model", "builtin:tiny", "--listen", "127.0.0.1:0", "--metrics-listen="}, tc.args...)
 			if code := Main(context.Background(), args, io.Discard, &stderr); code != 2 || !strings.Contains(stderr.String(), tc.want) {
 				t.Errorf("exit %d, want 2 with %q:\n%s", code, tc.want, stderr.String())
@@ -172,7 +174,7 @@ func TestGatewayTLSFlags(t *testing.T) {
 		"not a key pair":   {[]string{"--api-tls-cert", keyFile, "--api-tls-key", keyFile}, "--api-tls-cert"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			var stderr syncBuffer
+			var stderr syncbuf.Buffer
 			args := append([]string{"gateway", "--model", "builtin:tiny", "--prefill", "p=127.0.0.1:1", "--decode", "d=127.0.0.1:1", "--listen", "127.0.0.1:0", "--metrics-listen="}, tc.args...)
 			if code := Main(context.Background(), args, io.Discard, &stderr); code != 2 || !strings.Contains(stderr.String(), tc.want) {
 				t.Errorf("exit %d, want 2 with %q:\n%s", code, tc.want, stderr.String())

@@ -6,36 +6,18 @@ import (
 	"encoding/json"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/pagewarden/pagewarden/internal/syncbuf"
 )
-
-// syncBuffer is a bytes.Buffer that a running command may write while the
-// test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestLoadtestAgainstServe runs `pagewarden serve` on builtin:tiny and then
 // `pagewarden loadtest` against it, both through Main, and checks the
 // report: every request succeeded and was measured.
 func TestLoadtestAgainstServe(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
-	var serveOut, serveErr syncBuffer
+	var serveOut, serveErr syncbuf.Buffer
 	served := make(chan int, 1)
 	go func() {
 		served <- Main(ctx, []string{"serve", "--model", "builtin:tiny", "--threads", "1", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--kv-memory", "64MiB"}, &serveOut, &serveErr)

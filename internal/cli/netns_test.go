@@ -20,6 +20,7 @@ import (
 
 	"github.com/pagewarden/pagewarden/internal/cluster/etcdtest"
 	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
+	"github.com/pagewarden/pagewarden/internal/syncbuf"
 )
 
 // The multi-host test runs every role on a host of its own: a Linux
@@ -133,7 +134,7 @@ func startIn(t *testing.T, ns, name string, env []string, args ...string) *proc 
 	t.Helper()
 	cmd := exec.Command("ip", append([]string{"netns", "exec", ns, os.Args[0]}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
-	p := &proc{name: name, cmd: cmd, out: &syncBuffer{}}
+	p := &proc{name: name, cmd: cmd, out: &syncbuf.Buffer{}}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
 	"github.com/pagewarden/pagewarden/internal/probe"
+	"github.com/pagewarden/pagewarden/internal/syncbuf"
 )
 
 // startServeTenants runs serve on builtin:tiny with one tenant per key,
@@ -30,7 +31,7 @@ func startServeTenants(t *testing.T, maxConcurrent int, keys ...string) string {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	stderr := &syncBuffer{}
+	stderr := &syncbuf.Buffer{}
 	done := make(chan int, 1)
 	args := []string{"serve", "--model", "builtin:tiny", "--threads", "1", "--listen", "127.0.0.1:0", "--kv-memory", "16MiB",
 		"--metrics-listen", "", "--metrics-on-api", "--max-context", "256", "--config", path}

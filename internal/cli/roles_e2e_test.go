@@ -21,6 +21,7 @@ import (
 
 	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
 	"github.com/pagewarden/pagewarden/internal/link"
+	"github.com/pagewarden/pagewarden/internal/syncbuf"
 	"github.com/pagewarden/pagewarden/internal/transfer"
 )
 
@@ -42,7 +43,7 @@ func TestMain(m *testing.M) {
 type proc struct {
 	name string
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *syncbuf.Buffer
 }
 
 func startProc(t *testing.T, name string, args ...string) *proc {
@@ -56,7 +57,7 @@ func startProcEnv(t *testing.T, name string, env []string, args ...string) *proc
 	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(append(os.Environ(), childEnv+"=1"), env...)
-	p := &proc{name: name, cmd: cmd, out: &syncBuffer{}}
+	p := &proc{name: name, cmd: cmd, out: &syncbuf.Buffer{}}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -303,7 +304,7 @@ type refServer struct{ url, key string }
 func startServe(t *testing.T, extra ...string) refServer {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	stderr := &syncBuffer{}
+	stderr := &syncbuf.Buffer{}
 	done := make(chan int, 1)
 	args := append([]string{"serve", "--model", "builtin:tiny", "--threads", "1", "--listen", "127.0.0.1:0", "--kv-memory", "16MiB", "--metrics-listen", ""}, extra...)
 	go func() {
@@ -369,7 +370,7 @@ func TestGatewayReloadsOnSIGHUP(t *testing.T) {
 	writeCfg("sk-first")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	stderr := &syncBuffer{}
+	stderr := &syncbuf.Buffer{}
 	done := make(chan int, 1)
 	go func() {
 		done <- Main(ctx, []string{"gateway", "--model", "builtin:tiny", "--threads", "1", "--kv-memory", "16MiB",

@@ -13,10 +13,11 @@ import (
 	"time"
 
 	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
+	"github.com/pagewarden/pagewarden/internal/syncbuf"
 )
 
 // waitFor polls buf until it contains want.
-func waitFor(t *testing.T, buf *syncBuffer, want string) {
+func waitFor(t *testing.T, buf *syncbuf.Buffer, want string) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for !strings.Contains(buf.String(), want) {
@@ -33,7 +34,7 @@ func waitFor(t *testing.T, buf *syncBuffer, want string) {
 func TestServeScrubsQuarantineOnSIGUSR1(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	stderr := &syncBuffer{}
+	stderr := &syncbuf.Buffer{}
 	code := make(chan int, 1)
 	go func() {
 		code <- Main(ctx, []string{"serve", "--model", "builtin:tiny", "--threads", "1", "--listen", "127.0.0.1:0", "--kv-memory", "64MiB", "--metrics-listen", "127.0.0.1:0", "--quarantine-reap-after", "1m"}, io.Discard, stderr)
@@ -59,14 +60,14 @@ func TestServeScrubsQuarantineOnSIGUSR1(t *testing.T) {
 	}
 }
 
-// watchBuffer is a syncBuffer that signals every write.
+// watchBuffer is a syncbuf.Buffer that signals every write.
 type watchBuffer struct {
-	syncBuffer
+	syncbuf.Buffer
 	wrote chan struct{}
 }
 
 func (w *watchBuffer) Write(p []byte) (int, error) {
-	n, err := w.syncBuffer.Write(p)
+	n, err := w.Buffer.Write(p)
 	select {
 	case w.wrote <- struct{}{}:
 	default:
@@ -193,7 +194,7 @@ func TestServeMetricsOffTheAPI(t *testing.T) {
 // tenant and a key, but announces the key only when it is about to
 // listen; a model that fails to load must not leave a key on the console.
 func TestServeKeyNotPrintedBeforeFailedStart(t *testing.T) {
-	var stderr syncBuffer
+	var stderr syncbuf.Buffer
 	code := Main(context.Background(), []string{"serve", "--model", "builtin:no-such-model", "--listen", "127.0.0.1:0", "--metrics-listen="}, io.Discard, &stderr)
 	if code == 0 {
 		t.Fatal("serve of a missing model exited 0")

@@ -17,6 +17,7 @@ import (
 	"github.com/pagewarden/pagewarden/internal/gateway"
 	"github.com/pagewarden/pagewarden/internal/gateway/gatewaytest"
 	"github.com/pagewarden/pagewarden/internal/gateway/tenants"
+	"github.com/pagewarden/pagewarden/internal/syncbuf"
 )
 
 // Keys of the test tenants.
@@ -55,7 +56,7 @@ type harness struct {
 	fake *gatewaytest.Fake
 	srv  *gateway.Server
 	ts   *httptest.Server
-	logs *logBuffer
+	logs *syncbuf.Buffer
 }
 
 type harnessOpt func(*gateway.Config)
@@ -67,7 +68,7 @@ func newHarness(t *testing.T, fake *gatewaytest.Fake, opts ...harnessOpt) *harne
 	if fake == nil {
 		fake = gatewaytest.NewFake()
 	}
-	logs := &logBuffer{}
+	logs := &syncbuf.Buffer{}
 	cfg := gateway.Config{
 		Backend: fake,
 		Tenants: testTenants(tenants.Limits{}, tenants.Limits{}),
@@ -83,31 +84,6 @@ func newHarness(t *testing.T, fake *gatewaytest.Fake, opts ...harnessOpt) *harne
 	ts := httptest.NewServer(srv)
 	t.Cleanup(ts.Close)
 	return &harness{t: t, fake: fake, srv: srv, ts: ts, logs: logs}
-}
-
-// logBuffer is the server's log, written by its goroutines (handlers,
-// the auditor) while a test reads it: every access takes the lock.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
-func (l *logBuffer) Reset() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.buf.Reset()
 }
 
 type response struct {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/pagewarden/pagewarden/internal/request"
+	"github.com/pagewarden/pagewarden/internal/syncbuf"
 	"github.com/pagewarden/pagewarden/internal/transfer"
 )
 
@@ -141,31 +141,13 @@ func TestSendDoesNotRetain(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // TestHelloMismatch: nodes whose layouts or limits differ never exchange a
 // message, and both ends name the difference.
 func TestHelloMismatch(t *testing.T) {
 	for _, kind := range kinds {
 		t.Run(kind, func(t *testing.T) {
 			c := newCluster(t, kind)
-			var log syncBuffer
+			var log syncbuf.Buffer
 			c.listener(dc)
 			decode := c.add(helloOf(dc, transfer.RoleDecode), Options{Logger: slog.New(slog.NewTextHandler(&log, nil))})
 			l := testLayout()
@@ -220,7 +202,7 @@ func TestPolicyRefused(t *testing.T) {
 		for _, tc := range cases {
 			t.Run(kind+"/"+tc.name, func(t *testing.T) {
 				c := newCluster(t, kind)
-				var log syncBuffer
+				var log syncbuf.Buffer
 				c.listener(dc)
 				decode := c.add(helloOf(dc, transfer.RoleDecode), Options{Logger: slog.New(slog.NewTextHandler(&log, nil))})
 				impostor := c.add(helloOf(tc.from, roleOf(tc.from)), Options{})

@@ -23,6 +23,7 @@ import (
 	"github.com/pagewarden/pagewarden/internal/node"
 	"github.com/pagewarden/pagewarden/internal/request"
 	"github.com/pagewarden/pagewarden/internal/sched"
+	"github.com/pagewarden/pagewarden/internal/syncbuf"
 )
 
 // The end-to-end harness: a real node (engine, pool, scheduler) behind the
@@ -65,7 +66,7 @@ type e2eServer struct {
 	srv  *gateway.Server
 	ts   *httptest.Server
 	url  string
-	logs *lockedBuffer
+	logs *syncbuf.Buffer
 }
 
 // startE2E serves cfg.model through the real node and gateway. Tenant
@@ -110,7 +111,7 @@ func startE2E(t testing.TB, cfg e2eConfig) *e2eServer {
 		rec = &recorder{Node: n, streamed: map[request.Owner]*atomic.Int64{}, submitted: cfg.submitted, abortAfter: cfg.abortAfter}
 		backend = rec
 	}
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	srv, err := gateway.New(gateway.Config{Backend: backend, Tenants: tc, Now: cfg.now, AuditRate: cfg.auditRate,
 		Logger: slog.New(slog.NewJSONHandler(logs, nil))})
 	if err != nil {
@@ -126,24 +127,6 @@ func startE2E(t testing.TB, cfg e2eConfig) *e2eServer {
 		}
 	})
 	return s
-}
-
-// lockedBuffer collects log lines from concurrent handlers.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // recorder passes every call through to the real node. It records the

@@ -20,6 +20,7 @@ import (
 	"github.com/pagewarden/pagewarden/internal/node"
 	"github.com/pagewarden/pagewarden/internal/request"
 	"github.com/pagewarden/pagewarden/internal/sched"
+	"github.com/pagewarden/pagewarden/internal/syncbuf"
 )
 
 // scrape GETs /metrics from h and returns every sample by its series
@@ -195,7 +196,7 @@ func TestViolationIsAudited(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	o := node.Options{Threads: 1, KVMemory: 16 << 20, Logger: slog.New(slog.NewJSONHandler(logs, nil))}
 	gate := &stepGate{entered: make(chan struct{}), release: make(chan struct{})}
 	close(gate.release)
