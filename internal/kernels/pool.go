@@ -298,8 +298,8 @@ func (p *Pool) RunGrain(n, grain int, fn func(lo, hi int)) {
 		}
 	}
 	// Every chunk is claimed; wait for the workers still inside one. They
-	// are at most one chunk from done, so spin a little before sleeping:
-	// waking a parked goroutine costs microseconds.
+	// are at most one chunk from done, so poll up to waitSpin before
+	// sleeping: waking a parked goroutine can cost more than a chunk.
 	var deadline time.Time
 	spinning := true
 	for spin := 1; ; spin++ {
