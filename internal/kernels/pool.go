@@ -164,24 +164,46 @@ func (p *Pool) worker(ch chan task) {
 // so the worker polls for a while before it parks: a parked goroutine takes
 // from microseconds to a few hundred of them to wake (see idleSpin).
 func (p *Pool) next(ch chan task) (task, bool) {
-	var deadline time.Time
-	for spin := 1; ; spin++ {
+	for w := (poller{limit: idleSpin}); w.more(); {
 		select {
 		case t, ok := <-ch:
 			return t, ok
 		default:
 		}
-		if spin%yieldPolls == 0 {
-			if deadline.IsZero() {
-				deadline = time.Now().Add(idleSpin)
-			} else if time.Now().After(deadline) {
-				break
-			}
-			runtime.Gosched()
-		}
 	}
 	t, ok := <-ch
 	return t, ok
+}
+
+// poller bounds a spin-wait by the clock: more reports whether to poll
+// once more, yielding the processor every yieldPolls polls, until limit
+// has passed since the first yield; from then on it stays false.
+type poller struct {
+	limit    time.Duration
+	polls    int
+	deadline time.Time
+	expired  bool
+}
+
+func (w *poller) more() bool {
+	w.polls++
+	if w.polls%yieldPolls != 0 || w.expired {
+		return !w.expired
+	}
+	return w.yield()
+}
+
+// yield is more's every yieldPolls-th poll, out of line so that more
+// inlines into the polling loops.
+func (w *poller) yield() bool {
+	if w.deadline.IsZero() {
+		w.deadline = time.Now().Add(w.limit)
+	} else if time.Now().After(w.deadline) {
+		w.expired = true
+		return false
+	}
+	runtime.Gosched()
+	return true
 }
 
 // claim takes the next chunk of Run t, adding active to the count of
@@ -300,22 +322,13 @@ func (p *Pool) RunGrain(n, grain int, fn func(lo, hi int)) {
 	// Every chunk is claimed; wait for the workers still inside one. They
 	// are at most one chunk from done, so poll up to waitSpin before
 	// sleeping: waking a parked goroutine can cost more than a chunk.
-	var deadline time.Time
-	spinning := true
-	for spin := 1; ; spin++ {
+	w := poller{limit: waitSpin}
+	for {
 		v := p.state.Load()
 		if v&stActiveMask == 0 {
 			break
 		}
-		if spinning {
-			if spin%yieldPolls == 0 {
-				if deadline.IsZero() {
-					deadline = time.Now().Add(waitSpin)
-				} else if time.Now().After(deadline) {
-					spinning = false
-				}
-				runtime.Gosched()
-			}
+		if w.more() {
 			continue
 		}
 		if p.state.CompareAndSwap(v, v|stWaiting) {
