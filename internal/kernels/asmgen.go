@@ -1202,7 +1202,9 @@ func kPrefetch(pf, rec int) {
 // broadcast feeds both. Registers: F_h = Y(h), isum_h = Y(2+h),
 // msum/corr_h = Y(4+h), acc_h = Y(6+h); Y8 and Y14 weights, Y9 and Y11
 // activations, Y10 product, Y12 16-bit ones, Y13 nibble mask (Q4_K), Y15
-// scales. It has no software prefetch: the records are one sequential
+// scales. Q4_K loads each 32 bytes of quants once for both of their
+// sub-blocks (loading them once per sub-block, as kAVX2 does, read them
+// at 37-43 GB/s from cache on the 2-core EPYC VM, once 44-46). It has no software prefetch: the records are one sequential
 // stream, and PREFETCHT0 1, 2 or 4 KiB ahead (one per line) made it
 // slower (Q4_K 32000x2048 from DRAM: 19-24 GB/s with, 33-37 without).
 func kAVX2x16(kind string, pf int) {
@@ -1235,33 +1237,46 @@ func kAVX2x16(kind string, pf int) {
 	kPrefetch(pf, rec)
 	for h := 0; h < 2; h++ {
 		p("\tVPXOR Y%d, Y%d, Y%d", 2+h, 2+h, 2+h)
-		p("\tVPXOR Y%d, Y%d, Y%d", 4+h, 4+h, 4+h)
+		if kind == "Q6K" {
+			p("\tVPXOR Y%d, Y%d, Y%d", 4+h, 4+h, 4+h)
+		}
 	}
 	if kind == "Q4K" {
-		for j := 0; j < 8; j++ {
-			c, hi := j/2, j%2
+		// Each 32-byte load serves both sub-blocks it holds: its low
+		// nibbles (sub-block 2c) meet Y9 into acc_h = Y(6+h), its high
+		// ones (2c+1, shifted into Y14) meet Y11 into Y(4+h), msum's
+		// registers, free until the mins.
+		for c := 0; c < 4; c++ {
 			for t := 0; t < 8; t++ {
-				p("\tVPBROADCASTD %d(DI), Y9", (16*c+8*hi+t)*4)
+				p("\tVPBROADCASTD %d(DI), Y9", (16*c+t)*4)
+				p("\tVPBROADCASTD %d(DI), Y11", (16*c+8+t)*4)
 				for h := 0; h < 2; h++ {
 					p("\tVMOVDQU %d(SI), Y8", (c*8+t)*64+32*h)
-					if hi == 1 {
-						p("\tVPSRLW $4, Y8, Y8")
-					}
+					p("\tVPSRLW $4, Y8, Y14")
 					p("\tVPAND Y13, Y8, Y8")
+					p("\tVPAND Y13, Y14, Y14")
 					if t == 0 {
 						p("\tVPMADDUBSW Y9, Y8, Y%d", 6+h)
+						p("\tVPMADDUBSW Y11, Y14, Y%d", 4+h)
 						continue
 					}
-					p("\tVPMADDUBSW Y9, Y8, Y10")
-					p("\tVPADDW Y10, Y%d, Y%d", 6+h, 6+h)
+					p("\tVPMADDUBSW Y9, Y8, Y8")
+					p("\tVPADDW Y8, Y%d, Y%d", 6+h, 6+h)
+					p("\tVPMADDUBSW Y11, Y14, Y14")
+					p("\tVPADDW Y14, Y%d, Y%d", 4+h, 4+h)
 				}
 			}
-			for h := 0; h < 2; h++ {
-				p("\tVPMOVZXBD %d(SI), Y15", 2048+j*16+8*h)
-				p("\tVPMADDWD Y12, Y%d, Y%d", 6+h, 6+h)
-				p("\tVPMULLD Y15, Y%d, Y%d", 6+h, 6+h)
-				p("\tVPADDD Y%d, Y%d, Y%d", 6+h, 2+h, 2+h)
+			for hi, acc := range []int{6, 4} {
+				for h := 0; h < 2; h++ {
+					p("\tVPMOVZXBD %d(SI), Y15", 2048+(2*c+hi)*16+8*h)
+					p("\tVPMADDWD Y12, Y%d, Y%d", acc+h, acc+h)
+					p("\tVPMULLD Y15, Y%d, Y%d", acc+h, acc+h)
+					p("\tVPADDD Y%d, Y%d, Y%d", acc+h, 2+h, 2+h)
+				}
 			}
+		}
+		for h := 0; h < 2; h++ {
+			p("\tVPXOR Y%d, Y%d, Y%d", 4+h, 4+h, 4+h)
 		}
 		for pp := 0; pp < 4; pp++ {
 			p("\tVPBROADCASTD %d(R10), Y9", 4*pp)
