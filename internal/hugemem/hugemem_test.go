@@ -63,3 +63,78 @@ func TestMake(t *testing.T) {
 		}
 	}
 }
+
+// TestArena: every buffer is zeroed, 64-byte aligned, exactly as long as
+// asked, and overlaps no other; a chunk starts on a huge-page boundary; a
+// buffer larger than a chunk gets one of its own without throwing away
+// the larger remainder of the current one; writes through one buffer
+// never show in another.
+func TestArena(t *testing.T) {
+	var a Arena
+	type span struct{ lo, hi uintptr }
+	spans := map[int]span{}
+	var bufs [][]byte
+	sizes := []int{1, 63, 64, 65, 4096, 3 << 20, 0, 100, ArenaChunk + 5, 7, ArenaChunk / 2, 1 << 20}
+	for i, n := range sizes {
+		var b []byte
+		if i%2 == 0 {
+			b = Alloc[byte](&a, n)
+		} else {
+			f := Alloc[float32](&a, n)
+			if len(f) != n {
+				t.Fatalf("Alloc[float32](%d) has length %d", n, len(f))
+			}
+			b = Bytes(f)
+			n *= 4
+		}
+		if len(b) != n {
+			t.Fatalf("buffer %d: %d bytes, want %d", i, len(b), n)
+		}
+		for j, v := range b {
+			if v != 0 {
+				t.Fatalf("buffer %d byte %d = %d, not zeroed", i, j, v)
+			}
+		}
+		if n == 0 {
+			continue
+		}
+		lo := uintptr(unsafe.Pointer(&b[0]))
+		if lo%arenaAlign != 0 {
+			t.Errorf("buffer %d at %#x: not %d-byte aligned", i, lo, arenaAlign)
+		}
+		for j, s := range spans {
+			if lo < s.hi && s.lo < lo+uintptr(n) {
+				t.Fatalf("buffer %d [%#x, %#x) overlaps buffer %d [%#x, %#x)", i, lo, lo+uintptr(n), j, s.lo, s.hi)
+			}
+		}
+		spans[i] = span{lo, lo + uintptr(n)}
+		for j := range b {
+			b[j] = byte(i + 1)
+		}
+		bufs = append(bufs, b)
+		if n > ArenaChunk && lo%PageBytes != 0 {
+			t.Errorf("buffer %d (%d bytes, above a chunk) at %#x: not on a huge-page boundary", i, n, lo)
+		}
+	}
+	for i, b := range bufs {
+		for j, v := range b {
+			if v != b[0] {
+				t.Fatalf("buffer %d byte %d = %d, want %d: another buffer wrote into it", i, j, v, b[0])
+			}
+		}
+	}
+	// The first buffer opens the first chunk; the one above a chunk must
+	// not have replaced its remainder, so the buffer after it follows on.
+	if first := spans[0].lo; first%PageBytes != 0 {
+		t.Errorf("first buffer at %#x: a chunk does not start on a huge-page boundary", first)
+	}
+	if s3, s4 := spans[3], spans[4]; s4.lo != (s3.hi+arenaAlign-1)&^(arenaAlign-1) {
+		t.Errorf("buffers carved in turn are not adjacent: %#x then %#x", s3.hi, s4.lo)
+	}
+	if big, after := spans[8], spans[9]; after.lo >= big.lo && after.lo < big.lo+ArenaChunk+PageBytes {
+		t.Errorf("the buffer after the large one (at %#x) went into the large one's chunk (at %#x), throwing the larger remainder away", after.lo, big.lo)
+	}
+	if got := Alloc[byte](nil, 10); len(got) != 10 {
+		t.Errorf("Alloc(nil, 10) has length %d", len(got))
+	}
+}

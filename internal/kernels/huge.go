@@ -3,7 +3,8 @@ package kernels
 import "github.com/pagewarden/pagewarden/internal/hugemem"
 
 // Weights on huge pages (see package hugemem): the buffers a Matrix
-// streams are made with hugemem.Make, advised before they are first
+// streams are made with hugemem.Make or carved from the loader's
+// hugemem.Arena (NewMatrixIn), advised before they are first
 // written, and collapsed once written (for memory the Go heap had already
 // touched, and for buffers copied from a file mapping).
 

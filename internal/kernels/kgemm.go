@@ -68,7 +68,7 @@ func (m *Matrix) repackK(data []byte) {
 	nb := m.cols / qkK
 	groups := (m.rows + qRows - 1) / qRows
 	rec := kRecBytes(m.typ)
-	m.kw = hugemem.Make[byte](groups * nb * rec)
+	m.kw = hugemem.Alloc[byte](m.arena, groups*nb*rec)
 	var vals [qkK]int8
 	for r := 0; r < m.rows; r++ {
 		g, rr := r/qRows, r%qRows

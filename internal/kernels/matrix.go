@@ -56,6 +56,10 @@ type Matrix struct {
 	// super-block's d alongside (matrix_ext.go).
 	xls []int8
 	xd  []float32
+
+	// arena is where the buffers above are carved from while NewMatrixIn
+	// makes them (nil: each is made on its own); it is cleared after.
+	arena *hugemem.Arena
 }
 
 // NewMatrix prepares rows x cols weights of type t from GGML row-major
@@ -64,6 +68,13 @@ type Matrix struct {
 // (Supports, WeightTypes), or len(data) is not exactly rows *
 // RowBytes(t, cols).
 func NewMatrix(t quant.Type, rows, cols int, data []byte) (*Matrix, error) {
+	return NewMatrixIn(nil, t, rows, cols, data)
+}
+
+// NewMatrixIn is NewMatrix with the matrix's own buffers carved from a
+// (see hugemem.Arena): a model's loader passes one arena for all its
+// matrices, so that its weights lie on huge pages end to end.
+func NewMatrixIn(a *hugemem.Arena, t quant.Type, rows, cols int, data []byte) (*Matrix, error) {
 	if rows <= 0 || cols <= 0 {
 		return nil, fmt.Errorf("%w: %d x %d", ErrShape, rows, cols)
 	}
@@ -80,19 +91,19 @@ func NewMatrix(t quant.Type, rows, cols int, data []byte) (*Matrix, error) {
 	if len(data) != rows*rb {
 		return nil, fmt.Errorf("%w: %s %d x %d needs %d bytes, got %d", ErrDataSize, t, rows, cols, rows*rb, len(data))
 	}
-	m := &Matrix{typ: t, kind: t, rows: rows, cols: cols, rowBytes: rb}
+	m := &Matrix{typ: t, kind: t, rows: rows, cols: cols, rowBytes: rb, arena: a}
 	switch t {
 	case quant.F32:
 		m.f32 = viewF32(data)
 		if len(data) >= hugemem.MinBytes {
-			buf := hugemem.Make[float32](len(m.f32))
+			buf := hugemem.Alloc[float32](m.arena, len(m.f32))
 			copy(buf, m.f32)
 			m.f32 = buf
 		}
 	case quant.F16, quant.BF16:
 		m.u16 = viewU16(data)
 		if len(data) >= hugemem.MinBytes {
-			buf := hugemem.Make[uint16](len(m.u16))
+			buf := hugemem.Alloc[uint16](m.arena, len(m.u16))
 			copy(buf, m.u16)
 			m.u16 = buf
 		}
@@ -104,6 +115,7 @@ func NewMatrix(t quant.Type, rows, cols int, data []byte) (*Matrix, error) {
 		m.prepareExt(data)
 	}
 	m.settleHuge()
+	m.arena = nil
 	return m, nil
 }
 

@@ -126,10 +126,10 @@ func extBlock(t quant.Type, row []byte, b int, v *[qk8]int8) (d, mn uint16) {
 func (m *Matrix) repackAsQ8(data []byte, withMin bool) {
 	nb := m.cols / qk8
 	groups := (m.rows + qRows - 1) / qRows
-	m.qw = hugemem.Make[byte](groups * nb * q8GrpSize)
-	m.qd = hugemem.Make[uint16](groups * nb * qRows)
+	m.qw = hugemem.Alloc[byte](m.arena, groups*nb*q8GrpSize)
+	m.qd = hugemem.Alloc[uint16](m.arena, groups*nb*qRows)
 	if withMin {
-		m.qm = hugemem.Make[float32](groups * nb * qRows)
+		m.qm = hugemem.Alloc[float32](m.arena, groups*nb*qRows)
 	}
 	var v [qk8]int8
 	for r := 0; r < m.rows; r++ {
@@ -262,13 +262,13 @@ func (m *Matrix) mulQ1(p *Pool, dst []float32, x []float32, n int) {
 func (m *Matrix) repackIQ4XS(data []byte) {
 	nb := m.cols / qk8
 	groups := (m.rows + qRows - 1) / qRows
-	m.qw = hugemem.Make[byte](groups * nb * q8GrpSize)
-	m.qd = hugemem.Make[uint16](groups * nb * qRows)
+	m.qw = hugemem.Alloc[byte](m.arena, groups*nb*q8GrpSize)
+	m.qd = hugemem.Alloc[uint16](m.arena, groups*nb*qRows)
 	for i := range m.qd {
 		m.qd[i] = 0x3c00 // 1.0
 	}
-	m.xls = hugemem.Make[int8](groups * nb * qRows)
-	m.xd = hugemem.Make[float32](groups * nb * qRows)
+	m.xls = hugemem.Alloc[int8](m.arena, groups*nb*qRows)
+	m.xd = hugemem.Alloc[float32](m.arena, groups*nb*qRows)
 	for r := 0; r < m.rows; r++ {
 		g, rr := r/qRows, r%qRows
 		row := data[r*m.rowBytes : (r+1)*m.rowBytes]
@@ -454,10 +454,10 @@ func (m *Matrix) repackKAsQ6(data []byte) {
 	bb := m.typ.BlockBytes()
 	withMin := m.typ != quant.Q3_K
 	nm := kMinCount(m.typ)
-	m.kw = hugemem.Make[byte](groups * nb * k6RecBytes)
+	m.kw = hugemem.Alloc[byte](m.arena, groups*nb*k6RecBytes)
 	if withMin {
-		m.kdmin = hugemem.Make[float32](groups * nb * qRows)
-		m.kmins = hugemem.Make[uint8](groups * nb * qRows * nm)
+		m.kdmin = hugemem.Alloc[float32](m.arena, groups*nb*qRows)
+		m.kmins = hugemem.Alloc[uint8](m.arena, groups*nb*qRows*nm)
 	}
 	var (
 		v    [qkK]int8

@@ -79,8 +79,8 @@ func (m *Matrix) repackQ(data []byte) {
 	nb := m.cols / qk8
 	groups := (m.rows + qRows - 1) / qRows
 	gb := qGroupBytes(m.typ)
-	m.qw = hugemem.Make[byte](groups * nb * gb)
-	m.qd = hugemem.Make[uint16](groups * nb * qRows)
+	m.qw = hugemem.Alloc[byte](m.arena, groups*nb*gb)
+	m.qd = hugemem.Alloc[uint16](m.arena, groups*nb*qRows)
 	blkBytes := m.typ.BlockBytes()
 	for r := 0; r < m.rows; r++ {
 		g, rr := r/qRows, r%qRows

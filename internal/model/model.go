@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/pagewarden/pagewarden/internal/gguf"
+	"github.com/pagewarden/pagewarden/internal/hugemem"
 	"github.com/pagewarden/pagewarden/internal/kernels"
 	"github.com/pagewarden/pagewarden/internal/quant"
 	"github.com/pagewarden/pagewarden/internal/tokenizer"
@@ -168,6 +169,9 @@ func fromGGUF(f *gguf.File, fuse bool) (*Model, error) {
 	m.Name, _ = f.String("general.name")
 	m.ChatTemplate, _ = f.String("tokenizer.chat_template")
 	types := map[quant.Type]bool{}
+	// One arena for all the matrices, made in the order a forward pass
+	// reads them: the weights lie on huge pages end to end, one stream.
+	arena := &hugemem.Arena{}
 	// weight finds a matrix tensor and checks its shape and type.
 	weight := func(name string, rows, cols int) (*gguf.TensorInfo, error) {
 		t, ok := f.Tensor(name)
@@ -188,7 +192,7 @@ func fromGGUF(f *gguf.File, fuse bool) (*Model, error) {
 		if err != nil {
 			return nil, err
 		}
-		mx, err := kernels.NewMatrix(t.Type, rows, cols, t.Data)
+		mx, err := kernels.NewMatrixIn(arena, t.Type, rows, cols, t.Data)
 		if err != nil {
 			return nil, fmt.Errorf("model: tensor %s: %w", name, err)
 		}
@@ -204,7 +208,7 @@ func fromGGUF(f *gguf.File, fuse bool) (*Model, error) {
 			}
 			ts[i] = t
 		}
-		return newProj(fuse, cols, ts)
+		return newProj(arena, fuse, cols, ts)
 	}
 	vec := func(name string, n int) ([]float32, error) {
 		t, ok := f.Tensor(name)

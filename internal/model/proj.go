@@ -5,6 +5,7 @@ import (
 	"unsafe"
 
 	"github.com/pagewarden/pagewarden/internal/gguf"
+	"github.com/pagewarden/pagewarden/internal/hugemem"
 	"github.com/pagewarden/pagewarden/internal/kernels"
 	"github.com/pagewarden/pagewarden/internal/quant"
 )
@@ -56,14 +57,15 @@ func (p *Proj) mul(pool *kernels.Pool, dst, x []float32, n int, tmp *[]float32) 
 }
 
 // newProj prepares the projections ts (all with the same column count) as
-// one Proj, fusing neighbours that share a type when fuse is set.
+// one Proj, fusing neighbours that share a type when fuse is set, its
+// matrices carved from arena (nil: each made on its own).
 //
 // Quantised weights are repacked by NewMatrix into memory of its own, so
 // their rows are concatenated into a transient buffer first. Float weights
 // are used in place by NewMatrix; they are fused only when their bytes
 // already lie back to back in the file (as the tensors of one layer usually
 // do), so fusing never copies a float model into the heap.
-func newProj(fuse bool, cols int, ts []*gguf.TensorInfo) (Proj, error) {
+func newProj(arena *hugemem.Arena, fuse bool, cols int, ts []*gguf.TensorInfo) (Proj, error) {
 	var p Proj
 	for i := 0; i < len(ts); {
 		j := i + 1
@@ -88,7 +90,7 @@ func newProj(fuse bool, cols int, ts []*gguf.TensorInfo) (Proj, error) {
 				}
 			}
 		}
-		mx, err := kernels.NewMatrix(ts[i].Type, rows, cols, data)
+		mx, err := kernels.NewMatrixIn(arena, ts[i].Type, rows, cols, data)
 		if err != nil {
 			return Proj{}, fmt.Errorf("model: tensor %s: %w", ts[i].Name, err)
 		}

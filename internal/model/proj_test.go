@@ -9,6 +9,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/pagewarden/pagewarden/internal/gguf"
+	"github.com/pagewarden/pagewarden/internal/hugemem"
 	"github.com/pagewarden/pagewarden/internal/kernels"
 	"github.com/pagewarden/pagewarden/internal/quant"
 )
@@ -74,14 +75,14 @@ func TestProjFusedMatchesParts(t *testing.T) {
 			x[i] = float32(rng.NormFloat64())
 		}
 
-		fused, err := newProj(true, cols, ts)
+		fused, err := newProj(nil, true, cols, ts)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(fused.Matrices()) != wantMats {
 			t.Fatalf("tensors of %v rows, one type, adjacent, made %d matrices, want %d", rows, len(fused.Matrices()), wantMats)
 		}
-		plain, err := newProj(false, cols, ts)
+		plain, err := newProj(&hugemem.Arena{}, false, cols, ts)
 		if err != nil {
 			t.Fatal(err)
 		}
