@@ -891,7 +891,7 @@ func kVNNI(kind string, w, pf int) {
 	p("\tTESTQ CX, CX")
 	p("\tJZ %s_store", name)
 	p("%s_loop:", name)
-	kPrefetch(pf, rec)
+	start := out.Len()
 	xoff := func(k4, i int) int { return k4*4*w + 4*i }
 	xpoff := func(pp, i int) int { return (pp*w + i) * 4 }
 	zero := func(base int) {
@@ -982,6 +982,7 @@ func kVNNI(kind string, w, pf int) {
 			p("\tVADDPS Z%d, Z%d, Z%d", 4+i, i, i)
 		}
 	}
+	kPrefetch(start, pf, rec)
 	p("\tADDQ $%d, SI", rec)
 	p("\tADDQ $%d, DI", 256*w)
 	p("\tADDQ $%d, R9", 4*w)
@@ -1177,18 +1178,32 @@ func kAVX2(kind string, w, a int) {
 // matrix-vector kernels' prefetching variants (name suffix pf) read.
 const kPrefetchRecords = 2
 
-// kPrefetch emits, for a prefetching variant (pf > 0), one PREFETCHT0 per
-// cache line of the record pf records ahead of SI. Whether that helps
-// depends on the machine (on one 2-core EPYC VM it took AVX2 Q4_K from 15
-// to 22-28 GB/s from DRAM, on another an earlier try at 1-4 KiB ahead cut
-// it from 33-37 to 19-24), so both variants exist and
-// kernels.CalibrateKPrefetch picks one by timing them.
-func kPrefetch(pf, rec int) {
+// kPrefetch puts, for a prefetching variant (pf > 0), one PREFETCHT0 per
+// cache line of the record pf records ahead of SI among the instructions
+// of the loop body emitted since start, spread evenly. Whether
+// prefetching helps depends on the machine (on one 2-core EPYC VM it took
+// AVX2 Q4_K from 15 to 22-28 GB/s from DRAM, on another an earlier try at
+// 1-4 KiB ahead cut it from 33-37 to 19-24), so both variants exist and
+// kernels.CalibrateKPrefetch picks one by timing them. Spread, not all at
+// the top of the body as they were: 37 (Q4_K) or 69 (Q6_K) prefetches in
+// one burst ask for more lines at once than the core tracks; spread, the
+// 1.1B Q4_K_M decoded at 34-37 tok/s against 28-34 (one thread, AVX2
+// tier, three alternated runs). One record ahead was slower, three no
+// faster; PREFETCHNTA no different.
+func kPrefetch(start, pf, rec int) {
 	if pf == 0 {
 		return
 	}
-	for o := 0; o < rec; o += 64 {
-		p("\tPREFETCHT0 %d(SI)", pf*rec+o)
+	body := strings.Split(strings.TrimSuffix(string(out.Bytes()[start:]), "\n"), "\n")
+	out.Truncate(start)
+	n := (rec + 63) / 64
+	j := 0
+	for i, line := range body {
+		for j < n && j*len(body)/n <= i {
+			p("\tPREFETCHT0 %d(SI)", pf*rec+64*j)
+			j++
+		}
+		out.WriteString(line + "\n")
 	}
 }
 
@@ -1204,9 +1219,8 @@ func kPrefetch(pf, rec int) {
 // activations, Y10 product, Y12 16-bit ones, Y13 nibble mask (Q4_K), Y15
 // scales. Q4_K loads each 32 bytes of quants once for both of their
 // sub-blocks (loading them once per sub-block, as kAVX2 does, read them
-// at 37-43 GB/s from cache on the 2-core EPYC VM, once 44-46). It has no software prefetch: the records are one sequential
-// stream, and PREFETCHT0 1, 2 or 4 KiB ahead (one per line) made it
-// slower (Q4_K 32000x2048 from DRAM: 19-24 GB/s with, 33-37 without).
+// at 37-43 GB/s from cache on the 2-core EPYC VM, once 44-46). With pf >
+// 0 it is the prefetching variant (see kPrefetch).
 func kAVX2x16(kind string, pf int) {
 	name := fmt.Sprintf("gemm%sAVX2x16", kind)
 	if pf > 0 {
@@ -1234,7 +1248,7 @@ func kAVX2x16(kind string, pf int) {
 	p("\tTESTQ CX, CX")
 	p("\tJZ %s_store", name)
 	p("%s_loop:", name)
-	kPrefetch(pf, rec)
+	start := out.Len()
 	for h := 0; h < 2; h++ {
 		p("\tVPXOR Y%d, Y%d, Y%d", 2+h, 2+h, 2+h)
 		if kind == "Q6K" {
@@ -1349,6 +1363,7 @@ func kAVX2x16(kind string, pf int) {
 			p("\tVADDPS Y%d, Y%d, Y%d", 2+h, h, h)
 		}
 	}
+	kPrefetch(start, pf, rec)
 	p("\tADDQ $%d, SI", rec)
 	p("\tADDQ $256, DI")
 	p("\tADDQ $4, R9")
