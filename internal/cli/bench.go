@@ -98,6 +98,7 @@ tokens/s (B*n / decode time, llama-batched-bench's S_TG):
 				}
 			}
 			defer kernels.SetTier(installed)
+			defer kernels.SetKPrefetch(kernels.KPrefetch())
 			if llamaPath != "" && mf.kvType != "f16" {
 				// llama-bench's K/V types are f16 and quantised ones, not
 				// f32: both sides run f16 unless told otherwise.
@@ -136,7 +137,30 @@ tokens/s (B*n / decode time, llama-batched-bench's S_TG):
 			if maxP+gen > m.Config.ContextLength {
 				return usagef("-p %d plus -n %d exceed the model's context of %d", maxP, gen, m.Config.ContextLength)
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "kernels: %s (K-quant prefetch %s)\n", strings.Join(tierList, ", "), onOff(kernels.KPrefetch()))
+			// Loading timed the K-quant kernels with and without prefetch
+			// on the tier installed then; whether prefetching pays
+			// differs between tiers, so each compared tier gets its own
+			// timing, set again whenever its turn comes.
+			prefetch := map[string]bool{}
+			var pfNotes []string
+			for _, tier := range tierList {
+				if err := kernels.SetTier(tier); err != nil {
+					return err
+				}
+				if len(tierList) > 1 {
+					kernels.CalibrateKPrefetch(m.Matrices())
+				}
+				prefetch[tier] = kernels.KPrefetch()
+				pfNotes = append(pfNotes, fmt.Sprintf("%s %s", tier, onOff(prefetch[tier])))
+			}
+			setTier := func(tier string) error {
+				if err := kernels.SetTier(tier); err != nil {
+					return err
+				}
+				kernels.SetKPrefetch(prefetch[tier])
+				return nil
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "kernels: %s (K-quant prefetch: %s)\n", strings.Join(tierList, ", "), strings.Join(pfNotes, ", "))
 			if cpuProfile != "" {
 				// Started after the model loads, so the profile is the
 				// measurements (and the bandwidth passes, which are easy
@@ -223,7 +247,7 @@ tokens/s (B*n / decode time, llama-batched-bench's S_TG):
 					var theirs []float64
 					for r := 0; r < reps; r++ {
 						for k, tier := range tierList {
-							if err := kernels.SetTier(tier); err != nil {
+							if err := setTier(tier); err != nil {
 								return err
 							}
 							v, err := run()
