@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pagewarden/pagewarden/internal/hugemem"
 	"github.com/pagewarden/pagewarden/internal/quant"
 )
 
@@ -213,4 +214,71 @@ func BenchmarkMatVecBest(b *testing.B) {
 			}
 		}
 	}
+}
+
+// BenchmarkKStream streams K-quant matrices shaped as eight layers of the
+// 1.1B Q4_K_M's (fused QKV 2560x2048, output 2048x2048 and gate+up
+// 11264x2048 in Q4_K; down 2048x5632 in Q6_K every other layer, Q4_K
+// otherwise), about 250 MB carved from one arena as the model loader
+// does, so each product reads from memory, not cache, as in decode. It
+// reports GB/s of the bytes each type's kernels stream (best pass of the
+// run), per tier, with and without K-quant prefetch:
+//
+//	go test ./internal/kernels -run '^$' -bench KStream -benchtime 5x
+func BenchmarkKStream(b *testing.B) {
+	rng := newRand(31)
+	arena := &hugemem.Arena{}
+	var ms []*Matrix
+	var bytes [2]int64 // Q4_K, Q6_K
+	for l := 0; l < 8; l++ {
+		for _, sh := range [][2]int{{2560, 2048}, {2048, 2048}, {11264, 2048}, {2048, 5632}} {
+			typ := quant.Q4_K
+			if sh[1] == 5632 && l%2 == 0 {
+				typ = quant.Q6_K
+			}
+			m, err := NewMatrixIn(arena, typ, sh[0], sh[1], randWeights(rng, typ, sh[0], sh[1]))
+			if err != nil {
+				b.Fatal(err)
+			}
+			ms = append(ms, m)
+			bytes[btoi(typ == quant.Q6_K)] += m.StreamBytes()
+		}
+	}
+	x := randF32(rng, 5632)
+	dst := make([]float32, 11264)
+	installed, pf := Implementation(), KPrefetch()
+	defer SetKPrefetch(pf)
+	defer SetTier(installed)
+	for _, tier := range Tiers() {
+		if tier == "ref" {
+			continue
+		}
+		for _, on := range []bool{false, true} {
+			b.Run(fmt.Sprintf("%s/prefetch=%v", tier, on), func(b *testing.B) {
+				if err := SetTier(tier); err != nil {
+					b.Fatal(err)
+				}
+				SetKPrefetch(on)
+				best := [2]time.Duration{1<<63 - 1, 1<<63 - 1}
+				for b.Loop() {
+					var took [2]time.Duration
+					for _, m := range ms {
+						start := time.Now()
+						MatMul(nil, dst[:m.rows], m, x[:m.cols], 1)
+						took[btoi(m.kind == quant.Q6_K)] += time.Since(start)
+					}
+					best[0], best[1] = min(best[0], took[0]), min(best[1], took[1])
+				}
+				b.ReportMetric(float64(bytes[0])/best[0].Seconds()/1e9, "Q4_K-GB/s")
+				b.ReportMetric(float64(bytes[1])/best[1].Seconds()/1e9, "Q6_K-GB/s")
+			})
+		}
+	}
+}
+
+func btoi(v bool) int {
+	if v {
+		return 1
+	}
+	return 0
 }
