@@ -83,7 +83,8 @@ type Plain interface {
 // attention projections) entirely on ordinary pages and the unaligned
 // head and tail of every larger one. On the 2-core EPYC VM the 1.1B
 // Q4_K_M's decode had 494 MB on huge pages with Make and 723 MB with an
-// arena, and ran 2-9% faster at one thread (three alternated runs).
+// arena; with all of its weights on huge pages it decoded 4-8% faster at
+// one thread (three alternated runs).
 // Buffers carved in turn are also adjacent, so matrices made in the
 // order a forward pass reads them form one stream.
 //
