@@ -84,9 +84,9 @@ type Plain interface {
 // head and tail of every larger one. On the 2-core EPYC VM the 1.1B
 // Q4_K_M's decode had 494 MB on huge pages with Make and 723 MB with an
 // arena; with all of its weights on huge pages it decoded 4-8% faster at
-// one thread (three alternated runs).
-// Buffers carved in turn are also adjacent, so matrices made in the
-// order a forward pass reads them form one stream.
+// one thread (three alternated runs). Buffers carved in turn are also
+// adjacent, so matrices made in the order a forward pass reads them form
+// one stream.
 //
 // A chunk lives as long as any buffer carved from it (or the arena's
 // unused remainder of it): an arena is for buffers that live and die

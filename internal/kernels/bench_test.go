@@ -217,9 +217,9 @@ func BenchmarkMatVecBest(b *testing.B) {
 }
 
 // BenchmarkKStream streams K-quant matrices shaped as eight layers of the
-// 1.1B Q4_K_M's (fused QKV 2560x2048, output 2048x2048 and gate+up
-// 11264x2048 in Q4_K; down 2048x5632 in Q6_K every other layer, Q4_K
-// otherwise), about 250 MB carved from one arena as the model loader
+// 1.1B Q4_K_M's (fused QKV 2560x2048, attention output 2048x2048 and
+// gate+up 11264x2048 in Q4_K; down 2048x5632 in Q6_K every other layer,
+// Q4_K otherwise), about 250 MB carved from one arena as the model loader
 // does, so each product reads from memory, not cache, as in decode. It
 // reports GB/s of the bytes each type's kernels stream (best pass of the
 // run), per tier, with and without K-quant prefetch:

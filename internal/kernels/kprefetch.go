@@ -9,13 +9,14 @@ import (
 //
 // The K-quant matrix-vector kernels (decode's Q4_K and Q6_K products, and
 // the types that run on them) exist twice in assembly: as they were, and
-// with one PREFETCHT0 per cache line of the super-block record 8 KiB or
-// more ahead (kPrefetchRecords in asmgen.go). Which is faster depends on
-// the machine: on one 2-core EPYC VM the prefetching
-// AVX2 Q4_K kernel read 22-28 GB/s from DRAM against 15-17 without, on
-// another an earlier prefetching try read 19-24 against 33-37. Both give
-// the same bits; CalibrateKPrefetch times them on a model's own matrices
-// and keeps the faster.
+// with one PREFETCHT0 per cache line of a super-block record ahead,
+// spread through the loop (8 KiB or more ahead on AVX2, two records on
+// AVX-512 VNNI: kPrefetchRecords in asmgen.go). Which is faster depends
+// on the machine: on one 2-core EPYC VM the prefetching AVX2 Q4_K kernel
+// read 22-28 GB/s from DRAM against 15-17 without, on another an earlier
+// prefetching try read 19-24 against 33-37. Both give the same bits;
+// CalibrateKPrefetch times them on a model's own matrices and keeps the
+// prefetching ones unless the others are clearly faster.
 
 // kPrefetchOn selects the prefetching K-quant matrix-vector kernels.
 var kPrefetchOn atomic.Bool

@@ -169,8 +169,9 @@ func fromGGUF(f *gguf.File, fuse bool) (*Model, error) {
 	m.Name, _ = f.String("general.name")
 	m.ChatTemplate, _ = f.String("tokenizer.chat_template")
 	types := map[quant.Type]bool{}
-	// One arena for all the matrices, made in the order a forward pass
-	// reads them: the weights lie on huge pages end to end, one stream.
+	// One arena for all the matrices: the weights lie on huge pages end
+	// to end, and each layer's, made in the order a forward pass reads
+	// them, form one stream.
 	arena := &hugemem.Arena{}
 	// weight finds a matrix tensor and checks its shape and type.
 	weight := func(name string, rows, cols int) (*gguf.TensorInfo, error) {
