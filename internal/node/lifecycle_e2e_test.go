@@ -467,12 +467,16 @@ func TestE2EQuotaBreachIsPerTenant(t *testing.T) {
 			},
 		},
 		{
-			name: "max kv pages", limits: tenants.Limits{MaxKVPages: 12},
+			name: "max kv pages", limits: tenants.Limits{MaxKVPages: 100},
 			fill: func(t *testing.T, s *e2eServer, h *holder) {
-				// 2 + 158 tokens: 10 pages of 16 reserved.
-				h.hold(t, s, e2eKeyA, map[string]any{"prompt": "x", "max_tokens": 158})
+				// 2 + 1500 tokens: 94 pages of 16 reserved, and long
+				// enough to be decoding still when the next request
+				// comes (a 158-token hold could finish first: the test
+				// then failed on a 200).
+				h.hold(t, s, e2eKeyA, map[string]any{"prompt": "x", "max_tokens": longTokens})
 			},
-			next:  map[string]any{"prompt": "x", "max_tokens": 60},
+			// 2 + 100 tokens: 7 more pages, 101 in all.
+			next:  map[string]any{"prompt": "x", "max_tokens": 100},
 			limit: "max_kv_pages", minRetry: 1,
 			recover: func(s *e2eServer, h *holder, clock *offsetClock, retry time.Duration) {
 				h.release()
