@@ -139,15 +139,16 @@ tokens/s (B*n / decode time, llama-batched-bench's S_TG):
 			}
 			// Loading timed the K-quant kernels with and without prefetch
 			// on the tier installed then; whether prefetching pays
-			// differs between tiers, so each compared tier gets its own
-			// timing, set again whenever its turn comes.
+			// differs between tiers, so every other compared tier gets
+			// its own timing, set again whenever its turn comes.
+			loadedTier := kernels.Implementation()
 			prefetch := map[string]bool{}
 			var pfNotes []string
 			for _, tier := range tierList {
 				if err := kernels.SetTier(tier); err != nil {
 					return err
 				}
-				if len(tierList) > 1 {
+				if tier != loadedTier {
 					kernels.CalibrateKPrefetch(m.Matrices())
 				}
 				prefetch[tier] = kernels.KPrefetch()
