@@ -3,17 +3,21 @@ package disagg
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/pagewarden/pagewarden/internal/gateway"
 	"github.com/pagewarden/pagewarden/internal/kvcache"
+	"github.com/pagewarden/pagewarden/internal/link"
 	"github.com/pagewarden/pagewarden/internal/model"
 	"github.com/pagewarden/pagewarden/internal/node"
 	"github.com/pagewarden/pagewarden/internal/request"
 	"github.com/pagewarden/pagewarden/internal/testdata"
+	"github.com/pagewarden/pagewarden/internal/transfer"
 )
 
 func nodeOptions() node.Options {
@@ -247,6 +251,73 @@ func TestRouting(t *testing.T) {
 		}
 	}
 	checkBaseline(t, l)
+}
+
+// lateUsage holds back a prefill node's successful Results (its account
+// of the prompt, sent to the gateway): by delay, or for good.
+type lateUsage struct {
+	link.Transport
+	delay time.Duration
+	drop  bool
+	held  atomic.Int64
+}
+
+func (l *lateUsage) Send(ctx context.Context, to transfer.Peer, m transfer.Message) error {
+	if r, ok := m.(*transfer.Result); ok && r.Reason.Success() {
+		l.held.Add(1)
+		if !l.drop {
+			time.AfterFunc(l.delay, func() { _ = l.Transport.Send(context.Background(), to, m) })
+		}
+		return nil
+	}
+	return l.Transport.Send(ctx, to, m)
+}
+
+// TestUsageWaitsForThePrefillNode: the prefill node's account of how much
+// of a prompt its cache served and the decode node's answer come over
+// different links, so the answer may arrive first (CI saw it: a cached
+// prefix reported as 0 tokens). The answer waits for the account; when
+// the account never comes, it ends after UsageWait anyway, whole, with no
+// cached tokens claimed.
+func TestUsageWaitsForThePrefillNode(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		drop       bool
+		wantCached int
+	}{{"late", false, 32}, {"lost", true, 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := nodeOptions()
+			o.PrefixCache = true
+			var late *lateUsage
+			l := startLocal(t, LocalConfig{Prefill: 1, Decode: 1, Node: o,
+				Router: RouterConfig{UsageWait: 300 * time.Millisecond},
+				Wrap: func(name transfer.Peer, tr link.Transport) link.Transport {
+					if name == "prefill-0" {
+						late = &lateUsage{Transport: tr, delay: 100 * time.Millisecond, drop: tc.drop}
+						return late
+					}
+					return tr
+				}})
+			single := startSingle(t)
+			long := prompts(t, l)[6]
+			run(t, l, params("acme", long, 2))
+			checkBaseline(t, l)
+			p := params("acme", append(append([]int(nil), long[:32]...), 7, 8, 9), 4)
+			want := run(t, single, p)
+			p.Owner.ID = request.NewID()
+			got := run(t, l, p)
+			if !got.res.Reason.Success() || !slices.Equal(got.tokens, want.tokens) {
+				t.Fatalf("%+v %v, want %v", got.res, got.tokens, want.tokens)
+			}
+			if got.res.Usage.CachedTokens != tc.wantCached || got.res.Usage.PromptTokens != len(p.Prompt) {
+				t.Errorf("usage %+v, want %d cached of %d", got.res.Usage, tc.wantCached, len(p.Prompt))
+			}
+			if late.held.Load() != 2 {
+				t.Fatalf("%d results held back, want 2: the test did not exercise a late account", late.held.Load())
+			}
+			checkBaseline(t, l)
+		})
+	}
 }
 
 // TestDisaggregatedMatchesOnTestModels: on stories260K (a trained llama2.c

@@ -63,7 +63,13 @@ type RouterConfig struct {
 	// unanswered before it is out of rotation (default 3s). See
 	// routerload.go.
 	LoadEvery, SilentAfter time.Duration
-	Logger                 *slog.Logger
+	// UsageWait bounds how long a decoded answer waits for the prefill
+	// node's account of its prompt (how much its prefix cache served,
+	// default 1s). That account and the decode node's result come over
+	// different links, in either order; past the wait the answer ends
+	// without it (usage counts no cached tokens) rather than never.
+	UsageWait time.Duration
+	Logger    *slog.Logger
 }
 
 // RouterStats are the router's counters.
@@ -138,6 +144,9 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	if cfg.SilentAfter <= 0 {
 		cfg.SilentAfter = 3 * time.Second
 	}
+	if cfg.UsageWait <= 0 {
+		cfg.UsageWait = time.Second
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -179,6 +188,11 @@ type call struct {
 	prefillTried map[transfer.Peer]bool
 	pages        int // worst-case KV pages, charged to the decode node
 	cached       int // prompt tokens the prefill node's prefix cache served
+	// prefilled: the prefill node's Result for this epoch arrived (cached
+	// holds its count). held is a successful answer from the decode node
+	// that came first and waits for it (UsageWait). Guarded by rt.mu.
+	prefilled bool
+	held      *request.Result
 
 	// Tokens wait in buf until the pump hands them to the tokens channel:
 	// the router's loop never blocks on a slow client (buf is bounded by
@@ -442,6 +456,7 @@ func (rt *Router) reserve(c *call) error {
 	rt.sent(d, c.pages)
 	c.epoch++
 	c.ref = transfer.Ref{Owner: c.owner, Epoch: c.epoch}
+	c.prefilled, c.cached = false, 0
 	rt.mu.Unlock()
 	job := transfer.JobOf(c.params)
 	m := &transfer.Generate{Reserve: transfer.Reserve{Owner: c.owner, Epoch: c.epoch, PromptTokens: len(job.Prompt), MaxNewTokens: job.MaxTokens, Sender: c.prefill}, Job: job}
@@ -751,10 +766,17 @@ func (rt *Router) inbound(ctx context.Context, in link.Inbound) {
 	case *transfer.Result:
 		if c := rt.prefillOf(from, m.Ref); c != nil && m.Reason.Success() {
 			// The prefill node's account of the prompt: how much of it
-			// its prefix cache served. The request goes on at decode.
+			// its prefix cache served. The request goes on at decode,
+			// unless its answer came first and waits for this.
 			rt.mu.Lock()
-			c.cached = m.Usage.CachedTokens
+			c.cached, c.prefilled = m.Usage.CachedTokens, true
+			held := c.held
 			rt.mu.Unlock()
+			if held != nil {
+				res := *held
+				res.Usage.CachedTokens = m.Usage.CachedTokens
+				rt.end(c, res)
+			}
 			return
 		}
 		c := rt.owned(from, m.Ref, true)
@@ -781,6 +803,15 @@ func (rt *Router) inbound(ctx context.Context, in link.Inbound) {
 		}
 		res.Usage.PromptTokens = len(c.params.Prompt)
 		rt.mu.Lock()
+		if res.Reason.Success() && !c.prefilled && c.held == nil {
+			// The prefill node's Result travels on another link and
+			// may come after this: wait for it, a bounded time.
+			held := res
+			c.held = &held
+			rt.mu.Unlock()
+			time.AfterFunc(rt.cfg.UsageWait, func() { rt.end(c, held) })
+			return
+		}
 		res.Usage.CachedTokens = c.cached
 		rt.mu.Unlock()
 		rt.end(c, res)
