@@ -47,8 +47,9 @@ func TestLostSessionDrains(t *testing.T) {
 	}
 	linked := `linked on (127\.0\.0\.1:\d+)`
 	dProxy, gwProxy := srv.NewProxy(t), srv.NewProxy(t)
-	d0 := startProc(t, "d0", append(args("decode", "d0", dProxy.Endpoint, "2s"), "--etcd-drain-timeout", "60s")...)
+	d0 := startProc(t, "d0", append(args("decode", "d0", dProxy.Endpoint, "2s"), "--etcd-drain-timeout", "60s", "--metrics-listen", "127.0.0.1:0")...)
 	d0.await(t, linked)
+	d0Metrics := d0.await(t, `metrics on http://(127\.0\.0\.1:\d+)/metrics`)
 	p0 := startProc(t, "p0", args("prefill", "p0", srv.Endpoint, "2s")...)
 	p0.await(t, linked)
 	// No replay audit: a replay of the reference request would be work d0
@@ -80,7 +81,16 @@ func TestLostSessionDrains(t *testing.T) {
 	// The same request again, cut off from etcd while it decodes.
 	inflight := make(chan completion, 1)
 	go func() { inflight <- complete(http.DefaultClient, url, key, prompt, long) }()
-	time.Sleep(500 * time.Millisecond) // prefilled and decoding by now
+	// Cut once d0 holds the request's pages (a fixed wait was not always
+	// enough under load: d0 then held nothing when its session ended).
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if used := metricOr(d0Metrics, "pagewarden_kv_pages_used"); used != "0" && used != "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("d0 never held the request's pages")
+		}
+	}
 	dProxy.Cut()
 	gwProxy.Cut()
 	cut := time.Now()

@@ -120,6 +120,11 @@ func TestFence(t *testing.T) {
 	f.close()
 	fl.in <- generate(5)
 	fl.in <- prefill(6)
+	// The refusals come from the fence's own goroutine: wait for them
+	// (a fixed wait failed under load), then make sure nothing passed.
+	for deadline := time.Now().Add(5 * time.Second); len(fl.taken()) < 7 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
 	quiet()
 	sent := fl.taken()[5:]
 	if len(sent) != 2 {

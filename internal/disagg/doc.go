@@ -10,6 +10,7 @@
 //	gateway ◀──────────Grant────────── decode
 //	gateway ──Prefill(Grant+job)─────▶ prefill  compute the prompt
 //	                      prefill ──Page×n, Manifest, Commit──▶ decode
+//	gateway ◀──Result (cached tokens)── prefill
 //	gateway ◀────────Committed──────── decode   (and to prefill)
 //	gateway ◀───Tokens…, one Result─── decode   decoding, as on one node
 //
@@ -20,7 +21,10 @@
 //     of transfer.Receiver, then kvcache.CommitImport as a second,
 //     independent one), and only tagged with its owner. The gateway checks
 //     the sender, the owner and the index of every token, and answers a
-//     client with success only on a Result of stop or length.
+//     client with success only on a Result of stop or length. The
+//     prefill node's Result (how much of the prompt its prefix cache
+//     served) comes on another link, in either order: a successful answer
+//     waits for it at most RouterConfig.UsageWait.
 //   - Every failure ends the request with an error the client sees: a
 //     refused reservation, an aborted or reaped handoff (its reason is
 //     kept), a node that goes down (link.Inbound.Down) or leaves the

@@ -314,10 +314,15 @@ func TestFaultsFailClosed(t *testing.T) {
 				return f
 			}}
 			if tc.shortLease {
-				cfg.Decoder.Receiver = transfer.ReceiverConfig{LeaseTTL: transfer.Duration(300 * time.Millisecond), MaxLease: 10 * transfer.Second,
+				// Short enough that the victim's stalled handoff ends soon,
+				// long enough that a bystander's heartbeats (every 50 ms,
+				// sent on the prefill loop's 20 ms tick) keep it alive on
+				// a loaded machine.
+				cfg.Decoder.Receiver = transfer.ReceiverConfig{LeaseTTL: transfer.Duration(time.Second), MaxLease: 10 * transfer.Second,
 					DrainTimeout: transfer.Duration(100 * time.Millisecond), RetryEvery: transfer.Duration(50 * time.Millisecond)}
 				cfg.Decoder.TickEvery = 20 * time.Millisecond
 				cfg.Prefiller.Sender = transfer.SenderConfig{HeartbeatEvery: transfer.Duration(50 * time.Millisecond)}
+				cfg.Prefiller.TickEvery = 20 * time.Millisecond
 			}
 			l := startLocal(t, cfg)
 			nodes.Range(func(k, v any) bool {

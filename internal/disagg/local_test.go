@@ -283,14 +283,15 @@ func TestUsageWaitsForThePrefillNode(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		drop       bool
+		wait       time.Duration
 		wantCached int
-	}{{"late", false, 32}, {"lost", true, 0}} {
+	}{{"late", false, 30 * time.Second, 32}, {"lost", true, 300 * time.Millisecond, 0}} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := nodeOptions()
 			o.PrefixCache = true
 			var late *lateUsage
 			l := startLocal(t, LocalConfig{Prefill: 1, Decode: 1, Node: o,
-				Router: RouterConfig{UsageWait: 300 * time.Millisecond},
+				Router: RouterConfig{UsageWait: tc.wait},
 				Wrap: func(name transfer.Peer, tr link.Transport) link.Transport {
 					if name == "prefill-0" {
 						late = &lateUsage{Transport: tr, delay: 100 * time.Millisecond, drop: tc.drop}

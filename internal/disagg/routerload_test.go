@@ -176,7 +176,7 @@ func (m muteLoad) Send(ctx context.Context, to transfer.Peer, msg transfer.Messa
 func TestLoadReports(t *testing.T) {
 	var mute atomic.Bool
 	l := startLocal(t, LocalConfig{Prefill: 1, Decode: 2,
-		Router: RouterConfig{LoadEvery: 20 * time.Millisecond, SilentAfter: time.Second},
+		Router: RouterConfig{LoadEvery: 20 * time.Millisecond, SilentAfter: 3 * time.Second},
 		Wrap: func(name transfer.Peer, tr link.Transport) link.Transport {
 			if name == "decode-0" {
 				return muteLoad{tr, &mute}

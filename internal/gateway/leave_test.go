@@ -22,9 +22,15 @@ type closingStream struct {
 func (s *closingStream) Tokens() <-chan request.Token { return s.tokens }
 func (s *closingStream) Result() request.Result       { return s.res }
 
-type closingBackend struct{ *gatewaytest.Fake }
+// entered says that a request reached Submit: a client cancelled before
+// that never reaches the handler, and is not counted.
+type closingBackend struct {
+	*gatewaytest.Fake
+	entered chan struct{}
+}
 
 func (b closingBackend) Submit(ctx context.Context, p request.Params) (gateway.Stream, error) {
+	b.entered <- struct{}{}
 	<-ctx.Done()
 	s := &closingStream{tokens: make(chan request.Token),
 		res: request.Result{Owner: p.Owner, Reason: request.FinishLength, Usage: request.Usage{PromptTokens: len(p.Prompt), CompletionTokens: p.MaxTokens}}}
@@ -38,10 +44,17 @@ func (b closingBackend) Submit(ctx context.Context, p request.Params) (gateway.S
 // must-be-zero counter), and the request ends as client_closed, never as
 // a 500 or a 200.
 func TestClientLeavesWhileStreamCloses(t *testing.T) {
-	h := newHarness(t, nil, func(c *gateway.Config) { c.Backend = closingBackend{gatewaytest.NewFake()} })
+	entered := make(chan struct{}, 1)
+	h := newHarness(t, nil, func(c *gateway.Config) { c.Backend = closingBackend{gatewaytest.NewFake(), entered} })
 	for range 30 {
 		ctx, cancel := context.WithCancel(context.Background())
-		go func() { time.Sleep(20 * time.Millisecond); cancel() }()
+		go func() {
+			select {
+			case <-entered:
+			case <-time.After(10 * time.Second):
+			}
+			cancel()
+		}()
 		_, _ = h.try(ctx, "POST", "/v1/completions", keyAlpha, map[string]any{"prompt": "hi", "max_tokens": 50, "stream": true})
 		cancel()
 	}

@@ -309,7 +309,9 @@ func TestMaxConcurrentAndTPM(t *testing.T) {
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Errorf("stalled request ended with %v", err)
 	}
-	eventually(t, "alpha's slot released", func() bool { return h.fake.Live() == 0 })
+	// Counted once the handler has returned, after it released the slot
+	// (the backend's own count drops before that).
+	eventually(t, "alpha's slot released", func() bool { return requestsWithStatus(t, h, "completions", "499") == 1 })
 	if r := h.post("/v1/completions", keyAlpha, map[string]any{"prompt": "x", "max_tokens": 6}); r.status != 200 {
 		t.Fatalf("alpha after its request ended: %d %s", r.status, r.body)
 	}
@@ -588,9 +590,10 @@ func TestLogsHaveNoPromptText(t *testing.T) {
 
 func TestReloadMidRequest(t *testing.T) {
 	fake := gatewaytest.NewFake()
+	gate := make(chan struct{})
 	fake.Behave = func(p request.Params) gatewaytest.Behavior {
 		if p.MaxTokens == 7 {
-			return gatewaytest.Behavior{Reply: "slow reply", Delay: 2 * time.Millisecond}
+			return gatewaytest.Behavior{Reply: "slow reply", Delay: 2 * time.Millisecond, Gate: gate}
 		}
 		return gatewaytest.Behavior{}
 	}
@@ -608,6 +611,7 @@ func TestReloadMidRequest(t *testing.T) {
 	if err := h.srv.Reload(cfg); err != nil {
 		t.Fatal(err)
 	}
+	close(gate)
 	r := <-done
 	s := summarize(t, r.body)
 	if r.status != 200 || !s.done || s.text != "slow re" {
@@ -630,10 +634,11 @@ func TestReloadMidRequest(t *testing.T) {
 
 func TestShutdownDrains(t *testing.T) {
 	fake := gatewaytest.NewFake()
+	gate := make(chan struct{})
 	fake.Behave = func(p request.Params) gatewaytest.Behavior {
 		switch p.MaxTokens {
 		case 7:
-			return gatewaytest.Behavior{Reply: "finish me", Delay: 3 * time.Millisecond}
+			return gatewaytest.Behavior{Reply: "finish me", Delay: 3 * time.Millisecond, Gate: gate}
 		case 8:
 			return gatewaytest.Behavior{Fault: gatewaytest.FaultStall, At: 2}
 		}
@@ -654,6 +659,7 @@ func TestShutdownDrains(t *testing.T) {
 		if r := h.post("/v1/completions", keyAlpha, `{"prompt":"x"}`); r.status != 503 || errorCode(t, r.body) != "shutting_down" {
 			t.Errorf("new request while draining: %d %s", r.status, r.body)
 		}
+		close(gate)
 		if r := <-done; r.status != 200 || !strings.Contains(string(r.body), `"text":"finish "`) {
 			t.Errorf("in-flight request: %d %s", r.status, r.body)
 		}

@@ -83,7 +83,10 @@ type Behavior struct {
 	Fault     Fault
 	At        int
 	Delay     time.Duration // before each token
-	CachedTok int           // reported as Usage.CachedTokens
+	// Gate, when set, holds the first token until it is closed: a test
+	// that must act while the request runs need not race its end.
+	Gate      <-chan struct{}
+	CachedTok int // reported as Usage.CachedTokens
 	// AbortErr is the terminal error reported when the request is
 	// aborted through Abort (nil: request.ErrAborted): e.g. an internal
 	// failure that races the gateway's abort.
@@ -335,6 +338,13 @@ func (s *stream) run(ctx context.Context) {
 			return slices.Contains(s.p.StopTokens, id) || (id == EOS && !s.p.IgnoreEOS)
 		}); stop >= 0 {
 			ids, reason = ids[:stop+1], request.FinishStop
+		}
+	}
+	if s.b.Gate != nil {
+		select {
+		case <-s.b.Gate:
+		case <-ctx.Done():
+		case <-s.abort:
 		}
 	}
 	for i, id := range ids {
