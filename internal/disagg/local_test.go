@@ -259,11 +259,12 @@ type lateUsage struct {
 	link.Transport
 	delay time.Duration
 	drop  bool
+	on    atomic.Bool
 	held  atomic.Int64
 }
 
 func (l *lateUsage) Send(ctx context.Context, to transfer.Peer, m transfer.Message) error {
-	if r, ok := m.(*transfer.Result); ok && r.Reason.Success() {
+	if r, ok := m.(*transfer.Result); ok && r.Reason.Success() && l.on.Load() {
 		l.held.Add(1)
 		if !l.drop {
 			time.AfterFunc(l.delay, func() { _ = l.Transport.Send(context.Background(), to, m) })
@@ -285,17 +286,28 @@ func TestUsageWaitsForThePrefillNode(t *testing.T) {
 		drop       bool
 		wait       time.Duration
 		wantCached int
-	}{{"late", false, 30 * time.Second, 32}, {"lost", true, 300 * time.Millisecond, 0}} {
+		// decodeDown: the decode node's link ends while the answer
+		// waits, which must not turn it into a failure.
+		decodeDown bool
+	}{
+		{"late", false, 30 * time.Second, 32, false},
+		{"lost", true, 300 * time.Millisecond, 0, false},
+		{"lost, then the decode node goes down", true, 30 * time.Second, 0, true},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := nodeOptions()
 			o.PrefixCache = true
 			var late *lateUsage
+			var decodeLink link.Transport
 			l := startLocal(t, LocalConfig{Prefill: 1, Decode: 1, Node: o,
 				Router: RouterConfig{UsageWait: tc.wait},
 				Wrap: func(name transfer.Peer, tr link.Transport) link.Transport {
-					if name == "prefill-0" {
+					switch name {
+					case "prefill-0":
 						late = &lateUsage{Transport: tr, delay: 100 * time.Millisecond, drop: tc.drop}
 						return late
+					case "decode-0":
+						decodeLink = tr
 					}
 					return tr
 				}})
@@ -306,19 +318,46 @@ func TestUsageWaitsForThePrefillNode(t *testing.T) {
 			p := params("acme", append(append([]int(nil), long[:32]...), 7, 8, 9), 4)
 			want := run(t, single, p)
 			p.Owner.ID = request.NewID()
-			got := run(t, l, p)
+			late.on.Store(true)
+			ran := make(chan outcome, 1)
+			start := time.Now()
+			go func() { ran <- run(t, l, p) }()
+			if tc.decodeDown {
+				for deadline := time.Now().Add(10 * time.Second); !l.Router.holding(); time.Sleep(time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatal("the answer never waited for the prefill node's account")
+					}
+				}
+				decodeLink.Close()
+			}
+			got := <-ran
 			if !got.res.Reason.Success() || !slices.Equal(got.tokens, want.tokens) {
 				t.Fatalf("%+v %v, want %v", got.res, got.tokens, want.tokens)
 			}
 			if got.res.Usage.CachedTokens != tc.wantCached || got.res.Usage.PromptTokens != len(p.Prompt) {
 				t.Errorf("usage %+v, want %d cached of %d", got.res.Usage, tc.wantCached, len(p.Prompt))
 			}
-			if late.held.Load() != 2 {
-				t.Fatalf("%d results held back, want 2: the test did not exercise a late account", late.held.Load())
+			if tc.decodeDown && time.Since(start) > tc.wait/2 {
+				t.Errorf("the answer ended %v after it began: it waited out UsageWait (%v) with its decode node gone", time.Since(start), tc.wait)
+			}
+			if late.held.Load() != 1 {
+				t.Fatalf("%d results held back, want 1: the test did not exercise a late account", late.held.Load())
 			}
 			checkBaseline(t, l)
 		})
 	}
+}
+
+// holding reports whether an answer waits for its prefill node's account.
+func (rt *Router) holding() bool {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	for _, c := range rt.calls {
+		if c.held != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // TestDisaggregatedMatchesOnTestModels: on stories260K (a trained llama2.c

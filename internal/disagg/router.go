@@ -592,6 +592,13 @@ func (rt *Router) end(c *call, res request.Result) {
 		return
 	}
 	c.ended = true
+	if c.held != nil && !res.Reason.Success() {
+		// The answer is whole and waited only for the prefill node's
+		// account of the prompt: whatever ends it now (its node went
+		// down, shutdown) ends it as it is, as it would have ended had
+		// the account come first.
+		res = *c.held
+	}
 	res.Owner = c.owner
 	if res.Usage.PromptTokens == 0 {
 		res.Usage.PromptTokens = len(c.params.Prompt)
