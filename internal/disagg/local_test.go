@@ -254,20 +254,26 @@ func TestRouting(t *testing.T) {
 }
 
 // lateUsage holds back a prefill node's successful Results (its account
-// of the prompt, sent to the gateway): by delay, or for good.
+// of the prompt, sent to the gateway), once on: until the router holds
+// the answer (so the answer surely comes first), or for good.
 type lateUsage struct {
 	link.Transport
-	delay time.Duration
-	drop  bool
-	on    atomic.Bool
-	held  atomic.Int64
+	drop   bool
+	router func() *Router
+	on     atomic.Bool
+	held   atomic.Int64
 }
 
 func (l *lateUsage) Send(ctx context.Context, to transfer.Peer, m transfer.Message) error {
 	if r, ok := m.(*transfer.Result); ok && r.Reason.Success() && l.on.Load() {
 		l.held.Add(1)
 		if !l.drop {
-			time.AfterFunc(l.delay, func() { _ = l.Transport.Send(context.Background(), to, m) })
+			go func() {
+				for deadline := time.Now().Add(10 * time.Second); !l.router().holding() && time.Now().Before(deadline); {
+					time.Sleep(time.Millisecond)
+				}
+				_ = l.Transport.Send(context.Background(), to, m)
+			}()
 		}
 		return nil
 	}
@@ -299,12 +305,13 @@ func TestUsageWaitsForThePrefillNode(t *testing.T) {
 			o.PrefixCache = true
 			var late *lateUsage
 			var decodeLink link.Transport
-			l := startLocal(t, LocalConfig{Prefill: 1, Decode: 1, Node: o,
+			var l *Local
+			l = startLocal(t, LocalConfig{Prefill: 1, Decode: 1, Node: o,
 				Router: RouterConfig{UsageWait: tc.wait},
 				Wrap: func(name transfer.Peer, tr link.Transport) link.Transport {
 					switch name {
 					case "prefill-0":
-						late = &lateUsage{Transport: tr, delay: 100 * time.Millisecond, drop: tc.drop}
+						late = &lateUsage{Transport: tr, drop: tc.drop, router: func() *Router { return l.Router }}
 						return late
 					case "decode-0":
 						decodeLink = tr
@@ -337,8 +344,11 @@ func TestUsageWaitsForThePrefillNode(t *testing.T) {
 			if got.res.Usage.CachedTokens != tc.wantCached || got.res.Usage.PromptTokens != len(p.Prompt) {
 				t.Errorf("usage %+v, want %d cached of %d", got.res.Usage, tc.wantCached, len(p.Prompt))
 			}
-			if tc.decodeDown && time.Since(start) > tc.wait/2 {
-				t.Errorf("the answer ended %v after it began: it waited out UsageWait (%v) with its decode node gone", time.Since(start), tc.wait)
+			switch took := time.Since(start); {
+			case tc.decodeDown && took > tc.wait/2:
+				t.Errorf("the answer ended %v after it began: it waited out UsageWait (%v) with its decode node gone", took, tc.wait)
+			case tc.drop && !tc.decodeDown && took < tc.wait:
+				t.Errorf("the answer ended %v after it began, before UsageWait (%v), without the prefill node's account", took, tc.wait)
 			}
 			if late.held.Load() != 1 {
 				t.Fatalf("%d results held back, want 1: the test did not exercise a late account", late.held.Load())

@@ -493,6 +493,12 @@ func (rt *Router) abort(c *call, cause error) {
 			rt.mu.Unlock()
 			return
 		}
+		if c.held != nil {
+			// Answered: no node holds anything for it any more.
+			rt.mu.Unlock()
+			rt.end(c, request.Result{Reason: request.FinishAbort, Err: cause})
+			return
+		}
 		c.aborting = true
 		ref, granted, decode, prefill := c.ref, c.granted, c.decode, c.prefill
 		rt.mu.Unlock()
@@ -677,7 +683,9 @@ func (rt *Router) owned(from transfer.Peer, ref transfer.Ref, fromDecode bool) *
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	c := rt.calls[ref.Owner]
-	if c == nil || c.ended || ref.Epoch != c.epoch {
+	if c == nil || c.ended || c.held != nil || ref.Epoch != c.epoch {
+		// Ended, or answered and waiting only for the prefill node's
+		// account (prefillOf): nothing more is taken for it.
 		return nil
 	}
 	want := c.prefill
@@ -814,6 +822,7 @@ func (rt *Router) inbound(ctx context.Context, in link.Inbound) {
 			// The prefill node's Result travels on another link and
 			// may come after this: wait for it, a bounded time.
 			held := res
+			held.Usage.CachedTokens = 0 // unless the account comes
 			c.held = &held
 			rt.mu.Unlock()
 			time.AfterFunc(rt.cfg.UsageWait, func() { rt.end(c, held) })
@@ -826,8 +835,9 @@ func (rt *Router) inbound(ctx context.Context, in link.Inbound) {
 		_ = rt.cfg.Transport.Send(ctx, from, &transfer.AbortAck{Ref: m.Ref, Drained: true})
 		rt.mu.Lock()
 		c := rt.calls[m.Owner]
+		answered := c != nil && c.held != nil
 		rt.mu.Unlock()
-		if c == nil || (from != c.decode && from != c.prefill) || m.Epoch != c.epoch {
+		if c == nil || answered || (from != c.decode && from != c.prefill) || m.Epoch != c.epoch {
 			return
 		}
 		refused := m.Reason == transfer.ReasonPrefillFailed || m.Reason == transfer.ReasonOverloaded
@@ -985,13 +995,20 @@ func (rt *Router) peerDown(node transfer.Peer, cause error) {
 // node's, and a prefill node's that have not committed.
 func (rt *Router) failDependents(node transfer.Peer, cause error) {
 	rt.mu.Lock()
-	var hit []*call
+	var hit, answered []*call
 	for _, c := range rt.calls {
-		if c.decode == node || (c.prefill == node && !c.committed) {
+		switch {
+		case c.held != nil && (c.decode == node || c.prefill == node):
+			// Answered; its account will not come now, or need not.
+			answered = append(answered, c)
+		case c.decode == node || (c.prefill == node && !c.committed):
 			hit = append(hit, c)
 		}
 	}
 	rt.mu.Unlock()
+	for _, c := range answered {
+		rt.end(c, request.Result{Reason: request.FinishError, Err: cause})
+	}
 	if len(hit) > 0 {
 		rt.log.Warn("node down; failing its requests", "node", node, "requests", len(hit), "err", cause)
 	}
