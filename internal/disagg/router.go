@@ -840,8 +840,12 @@ func (rt *Router) inbound(ctx context.Context, in link.Inbound) {
 		if c == nil || answered || (from != c.decode && from != c.prefill) || m.Epoch != c.epoch {
 			return
 		}
+		// Only a prefill node refuses or fails a prompt; the decode node
+		// passes its Abort on, over another link, and that copy can come
+		// first: either one moves the prompt (the other is then of an
+		// old epoch).
 		refused := m.Reason == transfer.ReasonPrefillFailed || m.Reason == transfer.ReasonOverloaded
-		if from == c.prefill && refused && rt.retryPrefill(c, from) {
+		if refused && (from == c.prefill || from == c.decode) && rt.retryPrefill(c, c.prefill) {
 			return
 		}
 		if from == c.prefill {

@@ -3,6 +3,7 @@ package disagg
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -251,6 +252,10 @@ type refusePrefill struct {
 	in      chan link.Inbound
 	refused atomic.Int64
 	reason  transfer.Reason
+	// viaDecode sends the Abort to the decode node only, which passes it
+	// on to the gateway: a prefill node's own copy to the gateway can
+	// come after that one (another link), or not at all.
+	viaDecode atomic.Bool
 }
 
 func newRefusePrefill(t link.Transport) *refusePrefill {
@@ -260,7 +265,11 @@ func newRefusePrefill(t link.Transport) *refusePrefill {
 		for in := range t.Inbox() {
 			if m, ok := in.Msg.(*transfer.Prefill); ok {
 				r.refused.Add(1)
-				_ = t.Send(context.Background(), in.From.Name, &transfer.Abort{Ref: m.Grant.Ref, Reason: r.reason})
+				to := in.From.Name
+				if r.viaDecode.Load() {
+					to = m.Decode
+				}
+				_ = t.Send(context.Background(), to, &transfer.Abort{Ref: m.Grant.Ref, Reason: r.reason})
 				continue
 			}
 			r.in <- in
@@ -277,10 +286,17 @@ func (r *refusePrefill) Inbox() <-chan link.Inbound { return r.in }
 // no other prefill node left it fails with an error naming the refusal.
 // Every pool comes back.
 func TestPrefillRefusalMoves(t *testing.T) {
+	for _, viaDecode := range []bool{false, true} {
+		t.Run(fmt.Sprint("via decode ", viaDecode), func(t *testing.T) { testPrefillRefusalMoves(t, viaDecode) })
+	}
+}
+
+func testPrefillRefusalMoves(t *testing.T, viaDecode bool) {
 	var refusing *refusePrefill
 	l := startLocal(t, LocalConfig{Prefill: 2, Decode: 2, Wrap: func(name transfer.Peer, tr link.Transport) link.Transport {
 		if name == "prefill-0" {
 			refusing = newRefusePrefill(tr)
+			refusing.viaDecode.Store(viaDecode)
 			return refusing
 		}
 		return tr
