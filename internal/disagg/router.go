@@ -544,7 +544,10 @@ func (rt *Router) sendAbort(ab *transfer.Abort, parties []transfer.Peer) {
 			to = append(to, p)
 		}
 		rt.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.AbortRetry)
+		// sendTimeout, not AbortRetry: a send abandoned while the link
+		// takes the frame closes the link, which every request on that
+		// node shares.
+		ctx, cancel := context.WithTimeout(context.Background(), sendTimeout)
 		defer cancel()
 		for _, p := range to {
 			_ = rt.cfg.Transport.Send(ctx, p, ab)

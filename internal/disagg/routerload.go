@@ -2,6 +2,7 @@ package disagg
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/pagewarden/pagewarden/internal/transfer"
@@ -23,6 +24,9 @@ type nodeLoad struct {
 	asked time.Time // the first query not answered yet (zero: none)
 	pages int       // pages promised to the node since last
 	reqs  int       // requests sent to the node since last
+	// querying: a query to the node is still being written (its link
+	// is slow to take frames); the next is not sent until it is.
+	querying bool
 }
 
 // loadOf returns node's entry, made on first use. Called with rt.mu held.
@@ -93,9 +97,18 @@ func (rt *Router) loaded(from transfer.Peer, m *transfer.Load) {
 	l.last, l.known, l.asked, l.pages, l.reqs = *m, true, time.Time{}, 0, 0
 }
 
-// poll asks every node for its load, every LoadEvery, until ctx ends. A
-// send that fails is left to the link's own down-marking.
+// poll asks every node for its load, every LoadEvery, until ctx ends.
+// Each query is written by a goroutine of its own, with sendTimeout like
+// every other control message: a Send whose context ends while the link
+// is taking the frame closes the link, and a node busy importing pages
+// can leave its link full for longer than LoadEvery; the link is shared
+// with every request on that node, so a query must not be what tears it
+// down. A node whose query is still being written is not asked again
+// meanwhile (it falls silent if that lasts, see silent). A send that
+// fails is left to the link's own down-marking.
 func (rt *Router) poll(ctx context.Context) {
+	var writers sync.WaitGroup
+	defer writers.Wait()
 	tick := time.NewTicker(rt.cfg.LoadEvery)
 	defer tick.Stop()
 	for {
@@ -103,16 +116,29 @@ func (rt *Router) poll(ctx context.Context) {
 		nodes := append(append([]transfer.Peer(nil), rt.prefill...), rt.decode...)
 		rt.seq++
 		seq, now := rt.seq, time.Now()
+		var ask []transfer.Peer
 		for _, n := range nodes {
-			if l := rt.loadOf(n); l.asked.IsZero() {
+			l := rt.loadOf(n)
+			if l.asked.IsZero() {
 				l.asked = now
+			}
+			if !l.querying {
+				l.querying = true
+				ask = append(ask, n)
 			}
 		}
 		rt.mu.Unlock()
-		for _, n := range nodes {
-			sctx, cancel := context.WithTimeout(ctx, rt.cfg.LoadEvery)
-			_ = rt.cfg.Transport.Send(sctx, n, &transfer.LoadQuery{Seq: seq})
-			cancel()
+		for _, n := range ask {
+			writers.Go(func() {
+				sctx, cancel := context.WithTimeout(ctx, sendTimeout)
+				_ = rt.cfg.Transport.Send(sctx, n, &transfer.LoadQuery{Seq: seq})
+				cancel()
+				rt.mu.Lock()
+				if l := rt.loads[n]; l != nil { // nil: the node left meanwhile
+					l.querying = false
+				}
+				rt.mu.Unlock()
+			})
 		}
 		select {
 		case <-ctx.Done():

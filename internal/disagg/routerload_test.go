@@ -348,3 +348,66 @@ func TestPrefillOverloadIs503(t *testing.T) {
 	}
 	checkBaseline(t, l)
 }
+
+// slowQueries is a gateway's link to decode-0 that takes a LoadQuery only
+// after hold (a node busy importing pages leaves its link full). A query
+// whose context ends while it is held is what a real link closes for:
+// counted as abandoned.
+type slowQueries struct {
+	link.Transport
+	hold                time.Duration
+	inFlight, most      atomic.Int64
+	abandoned, answered atomic.Int64
+}
+
+func (s *slowQueries) Send(ctx context.Context, to transfer.Peer, m transfer.Message) error {
+	if _, ok := m.(*transfer.LoadQuery); !ok || to != "decode-0" {
+		return s.Transport.Send(ctx, to, m)
+	}
+	n := s.inFlight.Add(1)
+	defer s.inFlight.Add(-1)
+	for most := s.most.Load(); n > most && !s.most.CompareAndSwap(most, n); most = s.most.Load() {
+	}
+	select {
+	case <-time.After(s.hold):
+	case <-ctx.Done():
+		s.abandoned.Add(1)
+		return context.Cause(ctx)
+	}
+	s.answered.Add(1)
+	return s.Transport.Send(ctx, to, m)
+}
+
+// TestSlowLinkKeepsLoadQueries: a load query to a node whose link is slow
+// to take frames waits for it like any control message, instead of being
+// abandoned after LoadEvery (which closes the link every request on that
+// node shares), and the node is not asked again until it took the last.
+func TestSlowLinkKeepsLoadQueries(t *testing.T) {
+	var slow *slowQueries
+	l := startLocal(t, LocalConfig{Prefill: 1, Decode: 2,
+		Router: RouterConfig{LoadEvery: 20 * time.Millisecond},
+		Wrap: func(name transfer.Peer, tr link.Transport) link.Transport {
+			if name == "gateway" {
+				slow = &slowQueries{Transport: tr, hold: 150 * time.Millisecond}
+				return slow
+			}
+			return tr
+		}})
+	for deadline := time.Now().Add(10 * time.Second); slow.answered.Load() < 3; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("decode-0 took %d slow queries in 10s", slow.answered.Load())
+		}
+	}
+	for i := range 4 {
+		if o := run(t, l, params("t", []int{5, 6, 7, 8, 9}, 3)); !o.res.Reason.Success() {
+			t.Fatalf("request %d: %+v", i, o.res)
+		}
+	}
+	if n := slow.abandoned.Load(); n != 0 {
+		t.Errorf("%d load queries abandoned while the link took them: a real link closes for each", n)
+	}
+	if n := slow.most.Load(); n != 1 {
+		t.Errorf("%d load queries to one node in flight at once, want 1", n)
+	}
+	checkBaseline(t, l)
+}
