@@ -489,3 +489,82 @@ func TestSharedKVCluster(t *testing.T) {
 		t.Fatalf("prefill %d pages, decode %d: want decode to hold most", p, d)
 	}
 }
+
+// lostAbort is a test's hand in a gateway's and a decode node's links: the
+// gateway's Aborts to decode-0 that name no reservation (sent before the
+// grant came) are lost, as when the gateway failed the request for a link
+// that went down and sent nothing; the decode node's Grant is held back
+// for delay.
+type lostAbort struct {
+	link.Transport
+	gateway bool
+	delay   time.Duration
+	granted *atomic.Bool
+	dropped *atomic.Int64
+}
+
+func (l *lostAbort) Send(ctx context.Context, to transfer.Peer, m transfer.Message) error {
+	switch m := m.(type) {
+	case *transfer.Abort:
+		if l.gateway && to == "decode-0" && m.ID.IsZero() {
+			l.dropped.Add(1)
+			return nil
+		}
+	case *transfer.Grant:
+		if !l.gateway {
+			time.AfterFunc(l.delay, func() {
+				l.granted.Store(true)
+				_ = l.Transport.Send(context.Background(), to, m)
+			})
+			return nil
+		}
+	}
+	return l.Transport.Send(ctx, to, m)
+}
+
+// TestLateGrantIsGivenBack: a grant that reaches the gateway after its
+// request ended there (the client left; the aborts sent then were lost) is
+// answered with an abort, so the decode node frees the reservation at
+// once rather than when its lease runs out (10 s).
+func TestLateGrantIsGivenBack(t *testing.T) {
+	var granted atomic.Bool
+	var dropped atomic.Int64
+	l := startLocal(t, LocalConfig{Prefill: 1, Decode: 1, Router: RouterConfig{AbortWait: 50 * time.Millisecond},
+		Wrap: func(name transfer.Peer, tr link.Transport) link.Transport {
+			switch name {
+			case "gateway":
+				return &lostAbort{Transport: tr, gateway: true, granted: &granted, dropped: &dropped}
+			case "decode-0":
+				return &lostAbort{Transport: tr, delay: 300 * time.Millisecond, granted: &granted, dropped: &dropped}
+			}
+			return tr
+		}})
+	ctx, cancel := context.WithCancel(context.Background())
+	st, err := l.Submit(ctx, params("t", []int{5, 6, 7, 8, 9}, 8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	cancel()
+	for range st.Tokens() {
+	}
+	if res := st.Result(); res.Reason.Success() {
+		t.Fatalf("a request whose client left: %+v", res)
+	}
+	for deadline := time.Now().Add(10 * time.Second); !granted.Load(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the grant never went out")
+		}
+	}
+	if dropped.Load() == 0 {
+		t.Fatal("no abort was lost: the test did not make the grant late")
+	}
+	start := time.Now()
+	for l.Decodes[0].PoolStats().PagesUsed != 0 {
+		if time.Since(start) > 3*time.Second {
+			t.Fatalf("decode-0 still holds %d pages %v after the late grant", l.Decodes[0].PoolStats().PagesUsed, time.Since(start))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	checkBaseline(t, l)
+}

@@ -720,6 +720,15 @@ func (rt *Router) inbound(ctx context.Context, in link.Inbound) {
 	case *transfer.Grant:
 		c := rt.owned(from, m.Ref, true)
 		if c == nil {
+			// A grant for nothing this gateway still routes there (the
+			// request ended, or moved on with a new epoch, and the abort
+			// sent then may have been lost with a link): give the
+			// reservation back now, not when its lease runs out.
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), sendTimeout)
+				defer cancel()
+				_ = rt.cfg.Transport.Send(ctx, from, &transfer.Abort{Ref: m.Ref, Reason: transfer.ReasonAborted})
+			}()
 			return
 		}
 		rt.mu.Lock()
