@@ -84,7 +84,7 @@ func TestLostSessionDrains(t *testing.T) {
 	// Cut once d0 holds the request's pages (a fixed wait was not always
 	// enough under load: d0 then held nothing when its session ended).
 	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if used := metricOr(d0Metrics, "pagewarden_kv_pages_used"); used != "0" && used != "" {
+		if _, ok := holdsPages(d0Metrics); ok {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -349,7 +349,7 @@ func (h handoffFaults) run(t *testing.T) {
 			}
 			held := false
 			for _, d := range h.decodes {
-				if used := metricOr(d, "pagewarden_kv_pages_used"); used != "0" && used != "" {
+				if _, ok := holdsPages(d); ok {
 					held = true
 				}
 			}
@@ -377,7 +377,7 @@ func (h handoffFaults) run(t *testing.T) {
 		deadline := time.Now().Add(20 * time.Second)
 		for {
 			for _, d := range h.decodes {
-				if used := metricOr(d, "pagewarden_kv_pages_used"); used != "0" && used != "" {
+				if used, ok := holdsPages(d); ok {
 					if err := h.victim.cmd.Process.Kill(); err != nil {
 						killed <- "failed: " + err.Error()
 						return
@@ -482,6 +482,13 @@ func followsOff(t *testing.T, prefills []*proc, killed *proc) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
+}
+
+// holdsPages reports whether the node whose /metrics is at addr holds KV
+// pages now, and how many ("" and false when it does not answer).
+func holdsPages(addr string) (used string, ok bool) {
+	used = metricOr(addr, "pagewarden_kv_pages_used")
+	return used, used != "0" && used != ""
 }
 
 // metricOr is metric for a node that may be gone: "" when its /metrics

@@ -830,7 +830,7 @@ func (rt *Router) inbound(ctx context.Context, in link.Inbound) {
 		}
 		res.Usage.PromptTokens = len(c.params.Prompt)
 		rt.mu.Lock()
-		if res.Reason.Success() && !c.prefilled && c.held == nil {
+		if res.Reason.Success() && !c.prefilled { // owned: not held yet
 			// The prefill node's Result travels on another link and
 			// may come after this: wait for it, a bounded time.
 			held := res

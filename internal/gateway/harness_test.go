@@ -103,6 +103,18 @@ func (h *harness) do(ctx context.Context, method, path, key string, body any) re
 
 // try is do for use off the test goroutine: it returns errors.
 func (h *harness) try(ctx context.Context, method, path, key string, body any) (response, error) {
+	resp, err := h.open(ctx, method, path, key, body)
+	if err != nil {
+		return response{}, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	return response{status: resp.StatusCode, header: resp.Header, body: data}, err
+}
+
+// open sends a request and returns the response unread, for a test that
+// reads a stream as it comes.
+func (h *harness) open(ctx context.Context, method, path, key string, body any) (*http.Response, error) {
 	var r io.Reader
 	switch b := body.(type) {
 	case nil:
@@ -113,25 +125,19 @@ func (h *harness) try(ctx context.Context, method, path, key string, body any) (
 	default:
 		j, err := json.Marshal(b)
 		if err != nil {
-			return response{}, err
+			return nil, err
 		}
 		r = bytes.NewReader(j)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, h.ts.URL+path, r)
 	if err != nil {
-		return response{}, err
+		return nil, err
 	}
 	if key != "" {
 		req.Header.Set("Authorization", "Bearer "+key)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := h.ts.Client().Do(req)
-	if err != nil {
-		return response{}, err
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	return response{status: resp.StatusCode, header: resp.Header, body: data}, err
+	return h.ts.Client().Do(req)
 }
 
 func (h *harness) post(path, key string, body any) response {

@@ -673,13 +673,7 @@ func TestShutdownDrains(t *testing.T) {
 		// starts: a request cut before its first byte is answered with a
 		// plain 503 instead, which is right but not this case (CI under
 		// load once cut it that early).
-		req, err := http.NewRequest(http.MethodPost, h.ts.URL+"/v1/completions", strings.NewReader(`{"prompt":"x","max_tokens":8,"stream":true}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Authorization", "Bearer "+keyAlpha)
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := h.ts.Client().Do(req)
+		resp, err := h.open(context.Background(), http.MethodPost, "/v1/completions", keyAlpha, `{"prompt":"x","max_tokens":8,"stream":true}`)
 		if err != nil {
 			t.Fatal(err)
 		}
